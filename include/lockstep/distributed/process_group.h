@@ -1,0 +1,92 @@
+#pragma once
+/// ProcessGroup: the ranks of a job, joined through a store, with a communication backend.
+/// This is the one place that creates c10d objects; everything else goes through it.
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <c10/util/intrusive_ptr.h>
+
+#include <lockstep/distributed/process_group_options.h>
+
+namespace c10d {
+class ProcessGroup;
+class Store;
+}  // namespace c10d
+
+namespace lockstep {
+namespace distributed {
+
+/// A blocking distributed call that did not complete: it names the operation, the rank and
+/// the timeout, and says what to check.
+class DistributedError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// The ranks of one job (or of a subgroup of it) and their backend.
+///
+///   auto pg = ProcessGroup::init(ProcessGroupOptions(rank, 2).main_port(29500));
+///   lockstep::distributed::all_reduce(*pg, grad);  // mean over ranks
+class ProcessGroup {
+ public:
+  /// Rendezvous through a TCPStore hosted by rank 0 at main_address:main_port, then create the
+  /// backend. Fails with DistributedError after `timeout` if some rank never arrives.
+  static std::shared_ptr<ProcessGroup> init(const ProcessGroupOptions& options);
+  /// Join through an existing store (an in-memory c10d::HashStore for ranks running as threads
+  /// in one process, in tests).
+  static std::shared_ptr<ProcessGroup> init_with_store(const c10::intrusive_ptr<c10d::Store>& store,
+                                                       const ProcessGroupOptions& options);
+
+  /// A group of some ranks of this one, like torch.distributed.new_group: every rank of this
+  /// group must call it with the same list, in the same order as other collectives. Returns
+  /// nullptr on ranks that are not members.
+  std::shared_ptr<ProcessGroup> new_subgroup(const std::vector<int>& ranks);
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  const std::string& backend_name() const { return backend_name_; }
+  /// Global ranks of the members, in group-rank order.
+  const std::vector<int>& global_ranks() const { return global_ranks_; }
+
+  /// The c10d objects, for the reducer and collectives.
+  const c10::intrusive_ptr<c10d::ProcessGroup>& backend() const { return backend_; }
+  const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
+
+  /// How many barriers of this name this rank has entered before (named barriers count their
+  /// generations so that the same name can be used again).
+  int64_t next_barrier_generation(const std::string& name) { return barrier_generations_[name]++; }
+
+  /// "rank 1/4" (or "rank 1/2 of subgroup [2, 3]"), for messages.
+  std::string describe() const;
+
+ private:
+  ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::ProcessGroup> backend,
+               int rank, int world_size, std::vector<int> global_ranks,
+               std::chrono::milliseconds timeout, std::string backend_name, std::string main_address,
+               bool is_subgroup);
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::ProcessGroup> backend_;
+  int rank_;
+  int world_size_;
+  std::vector<int> global_ranks_;
+  std::chrono::milliseconds timeout_;
+  std::string backend_name_;
+  std::string main_address_;
+  bool is_subgroup_;
+  int subgroups_created_ = 0;
+  std::map<std::string, int64_t> barrier_generations_;
+};
+
+/// The backends this LibTorch can create, e.g. {"gloo"} on Debian's CPU build.
+std::vector<std::string> available_backends();
+
+}  // namespace distributed
+}  // namespace lockstep

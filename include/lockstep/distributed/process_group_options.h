@@ -1,0 +1,37 @@
+#pragma once
+/// Options for creating a ProcessGroup.
+
+#include <chrono>
+#include <string>
+
+#include <torch/arg.h>
+
+namespace lockstep {
+namespace distributed {
+
+/// How the ranks of a job meet and talk.
+///
+///   auto pg = ProcessGroup::init(ProcessGroupOptions(rank, world_size)
+///                                    .main_address("10.0.0.1").main_port(29500)
+///                                    .timeout(std::chrono::seconds(60)));
+struct ProcessGroupOptions {
+  ProcessGroupOptions(int rank, int world_size) : rank_(rank), world_size_(world_size) {}
+
+  /// This process's global rank, 0 <= rank < world_size.
+  TORCH_ARG(int, rank);
+  /// Number of processes in the job.
+  TORCH_ARG(int, world_size);
+  /// Address of rank 0, which hosts the TCPStore. Default: "127.0.0.1".
+  TORCH_ARG(std::string, main_address) = "127.0.0.1";
+  /// Port of the TCPStore on rank 0. Default: 29500.
+  TORCH_ARG(int, main_port) = 29500;
+  /// `gloo` (CPU), `nccl` (CUDA) or `mpi`; the latter two need a LibTorch built with them.
+  /// Default: "gloo".
+  TORCH_ARG(std::string, backend) = "gloo";
+  /// Every blocking call (rendezvous, collectives, barriers) fails after this long.
+  /// Default: 1800 s, as in Lightning Fabric and PyTorch.
+  TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::seconds(1800);
+};
+
+}  // namespace distributed
+}  // namespace lockstep

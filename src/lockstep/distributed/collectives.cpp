@@ -1,0 +1,240 @@
+#include <lockstep/distributed/collectives.h>
+
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/serialize.h>
+#include <torch/torch.h>
+
+namespace lockstep {
+namespace distributed {
+namespace {
+
+std::chrono::milliseconds timeout_of(const ProcessGroup& group, const CollectiveOptions& options) {
+  return options.timeout().count() > 0 ? options.timeout() : group.timeout();
+}
+
+std::string call_name(const std::string& op, const CollectiveOptions& options) {
+  return options.tag().empty() ? op : op + " '" + options.tag() + "'";
+}
+
+std::string seconds(std::chrono::milliseconds t) {
+  std::ostringstream out;
+  out << static_cast<double>(t.count()) / 1000.0 << " s";
+  return out.str();
+}
+
+// Waits for one c10d work item; a timeout or a dead peer becomes an error naming the call.
+void wait_for(const ProcessGroup& group, const c10::intrusive_ptr<c10d::Work>& work,
+              const std::string& op, const CollectiveOptions& options) {
+  const auto timeout = timeout_of(group, options);
+  try {
+    work->wait(timeout);
+  } catch (const std::exception& e) {
+    throw DistributedError(group.describe() + ": " + call_name(op, options) +
+                           " did not complete (timeout " + seconds(timeout) + "): " + e.what() +
+                           "\nEvery rank must make the same collective calls in the same order; "
+                           "check the other ranks' output for an earlier error.");
+  }
+}
+
+c10d::ReduceOp c10d_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::mean:
+      return c10d::ReduceOp::SUM;
+    case ReduceOp::max:
+      return c10d::ReduceOp::MAX;
+    case ReduceOp::min:
+      return c10d::ReduceOp::MIN;
+    case ReduceOp::product:
+      return c10d::ReduceOp::PRODUCT;
+  }
+  throw std::logic_error("unknown ReduceOp");
+}
+
+// Broadcasts a byte string from src (sizes first, so receivers can allocate).
+std::string broadcast_bytes(ProcessGroup& group, std::string bytes, int src,
+                            const CollectiveOptions& options) {
+  auto size = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kInt64);
+  const int64_t n = broadcast_tensor(group, size, src, options).item<int64_t>();
+  auto data = torch::empty({n}, torch::kUInt8);
+  if (group.rank() == src) std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
+  broadcast_tensor(group, data, src, options);
+  return std::string(reinterpret_cast<const char*>(data.data_ptr()), static_cast<size_t>(n));
+}
+
+void check_source(const ProcessGroup& group, int src) {
+  if (src < 0 || src >= group.world_size()) {
+    throw std::invalid_argument(group.describe() + ": broadcast from src=" + std::to_string(src) +
+                                ", outside 0.." + std::to_string(group.world_size() - 1) + ".");
+  }
+}
+
+}  // namespace
+
+ReduceOp parse_reduce_op(const std::string& name) {
+  static const std::map<std::string, ReduceOp> ops{{"sum", ReduceOp::sum},   {"mean", ReduceOp::mean},
+                                                   {"avg", ReduceOp::mean},  {"max", ReduceOp::max},
+                                                   {"min", ReduceOp::min},   {"product", ReduceOp::product}};
+  const auto it = ops.find(name);
+  if (it == ops.end()) {
+    throw std::invalid_argument("reduce op '" + name + "' is unknown: use sum, mean, max, min or product.");
+  }
+  return it->second;
+}
+
+std::string to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::mean: return "mean";
+    case ReduceOp::max: return "max";
+    case ReduceOp::min: return "min";
+    case ReduceOp::product: return "product";
+  }
+  return "?";
+}
+
+at::Tensor all_reduce(ProcessGroup& group, at::Tensor tensor, ReduceOp op, const CollectiveOptions& options) {
+  if (op == ReduceOp::mean && !at::isFloatingType(tensor.scalar_type())) {
+    throw std::invalid_argument(group.describe() + ": all_reduce mean of a " +
+                                std::string(c10::toString(tensor.scalar_type())) +
+                                " tensor: convert it to float first, or use ReduceOp::sum.");
+  }
+  if (!tensor.is_contiguous()) {
+    throw std::invalid_argument(group.describe() + ": all_reduce needs a contiguous tensor; call .contiguous() first.");
+  }
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::AllreduceOptions ao;
+  ao.reduceOp = c10d_op(op);
+  ao.timeout = timeout_of(group, options);
+  wait_for(group, group.backend()->allreduce(tensors, ao), "all_reduce(" + to_string(op) + ")", options);
+  if (op == ReduceOp::mean) tensor.div_(group.world_size());
+  return tensor;
+}
+
+std::vector<at::Tensor> all_gather(ProcessGroup& group, const at::Tensor& tensor, const CollectiveOptions& options) {
+  const int n = group.world_size();
+  auto input = tensor.dim() == 0 ? tensor.reshape({1}) : tensor.contiguous();
+  // Exchange shapes first: the first dimension may differ per rank, the rest may not.
+  auto shape = torch::tensor(input.sizes().vec(), torch::kInt64);
+  auto dims = torch::tensor({static_cast<int64_t>(input.dim()), static_cast<int64_t>(input.scalar_type())}, torch::kInt64);
+  std::vector<std::vector<at::Tensor>> dim_out(1);
+  for (int r = 0; r < n; ++r) dim_out[0].push_back(torch::empty_like(dims));
+  std::vector<at::Tensor> dim_in{dims};
+  c10d::AllgatherOptions go;
+  go.timeout = timeout_of(group, options);
+  wait_for(group, group.backend()->allgather(dim_out, dim_in, go), "all_gather", options);
+  for (int r = 0; r < n; ++r) {
+    if (!dim_out[0][r].equal(dims)) {
+      throw DistributedError(group.describe() + ": " + call_name("all_gather", options) + ": rank " +
+                             std::to_string(r) + " passed a tensor with another number of dimensions or dtype than rank " +
+                             std::to_string(group.rank()) + " (" + c10::toString(input.scalar_type()) +
+                             ", " + std::to_string(input.dim()) + " dims); only the first dimension may differ.");
+    }
+  }
+  std::vector<std::vector<at::Tensor>> shape_out(1);
+  for (int r = 0; r < n; ++r) shape_out[0].push_back(torch::empty_like(shape));
+  std::vector<at::Tensor> shape_in{shape};
+  wait_for(group, group.backend()->allgather(shape_out, shape_in, go), "all_gather", options);
+  int64_t longest = 0;
+  for (int r = 0; r < n; ++r) {
+    if (!shape_out[0][r].slice(0, 1).equal(shape.slice(0, 1))) {
+      throw DistributedError(group.describe() + ": " + call_name("all_gather", options) + ": rank " +
+                             std::to_string(r) + " passed a tensor whose sizes differ from this rank's " +
+                             c10::str(input.sizes()) + " beyond the first dimension.");
+    }
+    longest = std::max(longest, shape_out[0][r][0].item<int64_t>());
+  }
+  // Pad to the longest first dimension, gather, then trim each rank's part.
+  auto padded_shape = input.sizes().vec();
+  padded_shape[0] = longest;
+  auto padded = torch::zeros(padded_shape, input.options());
+  padded.slice(0, 0, input.size(0)).copy_(input);
+  std::vector<std::vector<at::Tensor>> out(1);
+  for (int r = 0; r < n; ++r) out[0].push_back(torch::empty_like(padded));
+  std::vector<at::Tensor> in{padded};
+  wait_for(group, group.backend()->allgather(out, in, go), "all_gather", options);
+  std::vector<at::Tensor> parts;
+  for (int r = 0; r < n; ++r) {
+    auto part = out[0][r].slice(0, 0, shape_out[0][r][0].item<int64_t>());
+    parts.push_back(tensor.dim() == 0 ? part.reshape({}) : part);
+  }
+  return parts;
+}
+
+at::Tensor all_gather_stacked(ProcessGroup& group, const at::Tensor& tensor, const CollectiveOptions& options) {
+  auto parts = all_gather(group, tensor, options);
+  for (size_t r = 0; r < parts.size(); ++r) {
+    if (parts[r].sizes() != tensor.sizes()) {
+      throw DistributedError(group.describe() + ": all_gather_stacked needs equal shapes, but rank " +
+                             std::to_string(r) + " has " + c10::str(parts[r].sizes()) + " and this rank " +
+                             c10::str(tensor.sizes()) + ". Use all_gather for uneven tensors.");
+    }
+  }
+  return torch::stack(parts);
+}
+
+at::Tensor broadcast_tensor(ProcessGroup& group, at::Tensor tensor, int src, const CollectiveOptions& options) {
+  check_source(group, src);
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::BroadcastOptions bo;
+  bo.rootRank = src;
+  bo.timeout = timeout_of(group, options);
+  wait_for(group, group.backend()->broadcast(tensors, bo), "broadcast", options);
+  return tensor;
+}
+
+c10::IValue broadcast(ProcessGroup& group, const c10::IValue& value, int src, const CollectiveOptions& options) {
+  check_source(group, src);
+  std::string bytes;
+  if (group.rank() == src) {
+    const auto pickled = torch::pickle_save(value);
+    bytes.assign(pickled.begin(), pickled.end());
+  }
+  bytes = broadcast_bytes(group, std::move(bytes), src, options);
+  return torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+}
+
+nlohmann::json broadcast_json(ProcessGroup& group, const nlohmann::json& value, int src,
+                              const CollectiveOptions& options) {
+  const std::string text = group.rank() == src ? value.dump() : std::string();
+  return nlohmann::json::parse(broadcast_bytes(group, text, src, options));
+}
+
+void barrier(ProcessGroup& group, const std::string& name, const CollectiveOptions& options) {
+  const int64_t generation = group.next_barrier_generation(name);
+  const std::string prefix = "barrier/" + name + "/" + std::to_string(generation) + "/";
+  auto& store = *group.store();
+  store.set(prefix + std::to_string(group.rank()), std::vector<uint8_t>{1});
+  std::vector<std::string> keys;
+  for (int r = 0; r < group.world_size(); ++r) keys.push_back(prefix + std::to_string(r));
+  const auto timeout = timeout_of(group, options);
+  try {
+    store.wait(keys, timeout);
+  } catch (const std::exception& e) {
+    std::string missing;
+    for (int r = 0; r < group.world_size(); ++r) {
+      if (!store.check({keys[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    throw DistributedError(group.describe() + ": barrier '" + name + "' (#" + std::to_string(generation) +
+                           ") timed out after " + seconds(timeout) + "; rank(s) " +
+                           (missing.empty() ? std::string("?") : missing) +
+                           " did not arrive. They may have failed, be stuck, or be waiting at a "
+                           "different barrier; check their output.");
+  }
+}
+
+bool reduce_boolean_decision(ProcessGroup& group, bool decision, Decision rule, const CollectiveOptions& options) {
+  auto votes = torch::tensor({decision ? 1.0f : 0.0f});
+  all_reduce(group, votes, ReduceOp::sum, CollectiveOptions(options).tag(
+      options.tag().empty() ? "reduce_boolean_decision" : options.tag()));
+  const float yes = votes.item<float>();
+  return rule == Decision::all ? yes >= static_cast<float>(group.world_size()) : yes > 0.0f;
+}
+
+}  // namespace distributed
+}  // namespace lockstep

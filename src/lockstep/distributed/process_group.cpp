@@ -1,0 +1,176 @@
+#include <lockstep/distributed/process_group.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <sstream>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+namespace lockstep {
+namespace distributed {
+namespace {
+
+std::string seconds(std::chrono::milliseconds t) {
+  std::ostringstream out;
+  out << static_cast<double>(t.count()) / 1000.0 << " s";
+  return out.str();
+}
+
+void validate(const ProcessGroupOptions& o) {
+  if (o.world_size() < 1) {
+    throw DistributedError("world_size=" + std::to_string(o.world_size()) +
+                           " is not a process count: it must be at least 1.");
+  }
+  if (o.rank() < 0 || o.rank() >= o.world_size()) {
+    throw DistributedError("rank=" + std::to_string(o.rank()) + " is outside the job of world_size=" +
+                           std::to_string(o.world_size()) + ": ranks run from 0 to world_size-1.");
+  }
+  if (o.main_port() < 1 || o.main_port() > 65535) {
+    throw DistributedError("main_port=" + std::to_string(o.main_port()) +
+                           " is not a TCP port: use 1..65535 (MASTER_PORT).");
+  }
+  const auto backends = available_backends();
+  if (std::find(backends.begin(), backends.end(), o.backend()) == backends.end()) {
+    std::string hint = o.backend() == "nccl" || o.backend() == "mpi"
+                           ? " This LibTorch was built without it (Debian's libtorch is CPU-only, with gloo)."
+                           : "";
+    throw DistributedError("process group backend '" + o.backend() + "' is not available." + hint +
+                           " Use --process-group-backend gloo.");
+  }
+}
+
+bool is_loopback(const std::string& address) {
+  return address == "localhost" || address.rfind("127.", 0) == 0 || address == "::1";
+}
+
+// Gloo binds to one interface: GLOO_SOCKET_IFNAME as in PyTorch, loopback for single-node jobs
+// addressed through 127.0.0.1 (a hostname that resolves oddly must not break a laptop run),
+// otherwise the address this host's name resolves to.
+std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& main_address) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  if (is_loopback(main_address)) {
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> make_backend(const c10::intrusive_ptr<c10d::Store>& store,
+                                                    int rank, int size, const std::string& address,
+                                                    std::chrono::milliseconds timeout) {
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  options->devices.push_back(gloo_device(address));
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
+}
+
+}  // namespace
+
+std::vector<std::string> available_backends() {
+  std::vector<std::string> names{"gloo"};
+#ifdef USE_C10D_NCCL
+  names.push_back("nccl");
+#endif
+#ifdef USE_C10D_MPI
+  names.push_back("mpi");
+#endif
+  return names;
+}
+
+ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
+                           c10::intrusive_ptr<c10d::ProcessGroup> backend, int rank, int world_size,
+                           std::vector<int> global_ranks, std::chrono::milliseconds timeout,
+                           std::string backend_name, std::string main_address, bool is_subgroup)
+    : store_(std::move(store)),
+      backend_(std::move(backend)),
+      rank_(rank),
+      world_size_(world_size),
+      global_ranks_(std::move(global_ranks)),
+      timeout_(timeout),
+      backend_name_(std::move(backend_name)),
+      main_address_(std::move(main_address)),
+      is_subgroup_(is_subgroup) {}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::init(const ProcessGroupOptions& options) {
+  validate(options);
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<std::uint16_t>(options.main_port());
+  store_options.isServer = options.rank() == 0;
+  store_options.numWorkers = options.world_size();
+  store_options.waitWorkers = true;
+  store_options.timeout = options.timeout();
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(options.main_address(), store_options);
+  } catch (const std::exception& e) {
+    throw DistributedError(
+        "rank " + std::to_string(options.rank()) + "/" + std::to_string(options.world_size()) +
+        ": rendezvous at " + options.main_address() + ":" + std::to_string(options.main_port()) +
+        " failed within " + seconds(options.timeout()) + " (" + e.what() +
+        "). Check that every rank was started with the same MASTER_ADDR/MASTER_PORT, that rank 0 "
+        "is running and that the port is free.");
+  }
+  return init_with_store(store, options);
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::init_with_store(const c10::intrusive_ptr<c10d::Store>& store,
+                                                            const ProcessGroupOptions& options) {
+  validate(options);
+  store->setTimeout(options.timeout());
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("lockstep/world", store);
+  c10::intrusive_ptr<c10d::ProcessGroup> backend;
+  try {
+    backend = make_backend(prefixed, options.rank(), options.world_size(), options.main_address(),
+                           options.timeout());
+  } catch (const std::exception& e) {
+    throw DistributedError("rank " + std::to_string(options.rank()) + "/" +
+                           std::to_string(options.world_size()) + ": creating the " +
+                           options.backend() + " process group failed within " +
+                           seconds(options.timeout()) + " (" + e.what() +
+                           "). Every rank must start; check the other ranks' output.");
+  }
+  std::vector<int> ranks(options.world_size());
+  for (int r = 0; r < options.world_size(); ++r) ranks[r] = r;
+  return std::shared_ptr<ProcessGroup>(new ProcessGroup(prefixed, backend, options.rank(),
+                                                        options.world_size(), std::move(ranks),
+                                                        options.timeout(), options.backend(),
+                                                        options.main_address(), false));
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::new_subgroup(const std::vector<int>& ranks) {
+  const int id = subgroups_created_++;
+  for (int r : ranks) {
+    if (r < 0 || r >= world_size_) {
+      throw DistributedError(describe() + ": new_subgroup got rank " + std::to_string(r) +
+                             ", outside 0.." + std::to_string(world_size_ - 1) + ".");
+    }
+  }
+  const auto it = std::find(ranks.begin(), ranks.end(), rank_);
+  if (it == ranks.end()) return nullptr;
+  const int sub_rank = static_cast<int>(it - ranks.begin());
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("subgroup/" + std::to_string(id), store_);
+  auto backend = make_backend(prefixed, sub_rank, static_cast<int>(ranks.size()), main_address_, timeout_);
+  std::vector<int> members;
+  for (int r : ranks) members.push_back(global_ranks_[r]);
+  return std::shared_ptr<ProcessGroup>(new ProcessGroup(prefixed, backend, sub_rank,
+                                                        static_cast<int>(ranks.size()),
+                                                        std::move(members), timeout_, backend_name_,
+                                                        main_address_, true));
+}
+
+std::string ProcessGroup::describe() const {
+  std::string text = "rank " + std::to_string(rank_) + "/" + std::to_string(world_size_);
+  if (is_subgroup_) {
+    text += " of subgroup [";
+    for (size_t i = 0; i < global_ranks_.size(); ++i) {
+      text += (i ? ", " : "") + std::to_string(global_ranks_[i]);
+    }
+    text += "]";
+  }
+  return text;
+}
+
+}  // namespace distributed
+}  // namespace lockstep

@@ -1,0 +1,226 @@
+#include <lockstep/distributed/collectives.h>
+
+#include <atomic>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "../../support/thread_ranks.h"
+
+namespace lockstep {
+namespace distributed {
+namespace {
+
+using testing::run_ranks;
+
+class Collectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(Collectives, AllReduceEveryOp) {
+  const int n = GetParam();
+  run_ranks(n, [n](ProcessGroup& g) {
+    const float r = static_cast<float>(g.rank());
+    auto sum = all_reduce(g, torch::tensor({r + 1, 2 * r}), ReduceOp::sum);
+    EXPECT_FLOAT_EQ(sum[0].item<float>(), n * (n + 1) / 2.0f) << "rank " << g.rank();
+    EXPECT_FLOAT_EQ(sum[1].item<float>(), n * (n - 1.0f)) << "rank " << g.rank();
+    auto mean = all_reduce(g, torch::tensor({r}));
+    EXPECT_FLOAT_EQ(mean.item<float>(), (n - 1) / 2.0f);
+    EXPECT_FLOAT_EQ(all_reduce(g, torch::tensor({r}), ReduceOp::max).item<float>(), n - 1.0f);
+    EXPECT_FLOAT_EQ(all_reduce(g, torch::tensor({r}), ReduceOp::min).item<float>(), 0.0f);
+    auto product = all_reduce(g, torch::tensor({r + 1}), ReduceOp::product);
+    float factorial = 1;
+    for (int i = 1; i <= n; ++i) factorial *= i;
+    EXPECT_FLOAT_EQ(product.item<float>(), factorial);
+    auto ints = all_reduce(g, torch::tensor({int64_t{3}}), ReduceOp::sum);
+    EXPECT_EQ(ints.item<int64_t>(), 3 * n);
+  });
+}
+
+TEST_P(Collectives, AllReduceIsInPlace) {
+  run_ranks(GetParam(), [](ProcessGroup& g) {
+    auto t = torch::ones({4});
+    auto out = all_reduce(g, t, ReduceOp::sum);
+    EXPECT_EQ(out.data_ptr(), t.data_ptr());
+    EXPECT_FLOAT_EQ(t[3].item<float>(), static_cast<float>(g.world_size()));
+  });
+}
+
+TEST_P(Collectives, AllGatherEqualAndUnevenShapes) {
+  const int n = GetParam();
+  run_ranks(n, [n](ProcessGroup& g) {
+    auto stacked = all_gather_stacked(g, torch::full({2, 3}, static_cast<float>(g.rank())));
+    ASSERT_EQ(stacked.sizes(), (std::vector<int64_t>{n, 2, 3}));
+    for (int r = 0; r < n; ++r) EXPECT_TRUE(stacked[r].eq(r).all().item<bool>()) << "slot " << r;
+    // Rank r contributes r+1 rows of 2 columns.
+    auto mine = torch::arange((g.rank() + 1) * 2, torch::kFloat32).reshape({g.rank() + 1, 2}) + 100 * g.rank();
+    auto parts = all_gather(g, mine);
+    ASSERT_EQ(static_cast<int>(parts.size()), n);
+    for (int r = 0; r < n; ++r) {
+      auto expected = torch::arange((r + 1) * 2, torch::kFloat32).reshape({r + 1, 2}) + 100 * r;
+      EXPECT_TRUE(parts[r].equal(expected)) << "rank " << g.rank() << " part " << r << ": " << parts[r];
+    }
+    auto scalars = all_gather(g, torch::tensor(static_cast<double>(g.rank())));
+    for (int r = 0; r < n; ++r) EXPECT_EQ(scalars[r].item<double>(), r);
+  });
+}
+
+TEST_P(Collectives, AllGatherRejectsMismatchedDims) {
+  std::atomic<int> errors{0};
+  EXPECT_NO_THROW(run_ranks(GetParam(), [&](ProcessGroup& g) {
+    auto t = g.rank() == 0 ? torch::zeros({2, 3}) : torch::zeros({2, 4});
+    try {
+      all_gather(g, t);
+    } catch (const DistributedError& e) {
+      EXPECT_NE(std::string(e.what()).find("beyond the first dimension"), std::string::npos) << e.what();
+      ++errors;
+    }
+  }));
+  EXPECT_EQ(errors.load(), GetParam());
+}
+
+TEST_P(Collectives, BroadcastObjects) {
+  run_ranks(GetParam(), [](ProcessGroup& g) {
+    const bool root = g.rank() == 1;
+    c10::impl::GenericDict value(c10::StringType::get(), c10::AnyType::get());
+    if (root) {
+      value.insert("name", std::string("lockstep"));
+      value.insert("epoch", int64_t{7});
+      value.insert("lr", 0.125);
+      value.insert("weights", torch::arange(5, torch::kFloat32));
+      value.insert("steps", c10::List<int64_t>({1, 2, 3}));
+    }
+    auto got = broadcast(g, root ? c10::IValue(value) : c10::IValue(), 1).toGenericDict();
+    EXPECT_EQ(got.at("name").toStringRef(), "lockstep");
+    EXPECT_EQ(got.at("epoch").toInt(), 7);
+    EXPECT_DOUBLE_EQ(got.at("lr").toDouble(), 0.125);
+    EXPECT_TRUE(got.at("weights").toTensor().equal(torch::arange(5, torch::kFloat32)));
+    EXPECT_EQ(got.at("steps").toIntVector(), (std::vector<int64_t>{1, 2, 3}));
+    auto text = broadcast(g, c10::IValue(std::string(g.rank() == 0 ? "from zero" : "other")), 0);
+    EXPECT_EQ(text.toStringRef(), "from zero");
+    nlohmann::json j = g.rank() == 0 ? nlohmann::json{{"a", {1, 2}}, {"b", "c"}} : nlohmann::json();
+    auto got_json = broadcast_json(g, j, 0);
+    EXPECT_EQ(got_json["a"][1], 2);
+    EXPECT_EQ(got_json["b"], "c");
+  });
+}
+
+TEST_P(Collectives, ReduceBooleanDecision) {
+  run_ranks(GetParam(), [](ProcessGroup& g) {
+    const bool only_last = g.rank() == g.world_size() - 1;
+    EXPECT_FALSE(reduce_boolean_decision(g, only_last, Decision::all));
+    EXPECT_TRUE(reduce_boolean_decision(g, only_last, Decision::any));
+    EXPECT_TRUE(reduce_boolean_decision(g, true, Decision::all));
+    EXPECT_FALSE(reduce_boolean_decision(g, false, Decision::any));
+  });
+}
+
+TEST_P(Collectives, NamedBarriersRepeat) {
+  std::atomic<int> passed{0};
+  run_ranks(GetParam(), [&](ProcessGroup& g) {
+    for (int i = 0; i < 3; ++i) barrier(g, "epoch_end");
+    barrier(g, "checkpoint");
+    ++passed;
+  });
+  EXPECT_EQ(passed.load(), GetParam());
+}
+
+TEST_P(Collectives, BarrierTimeoutNamesMissingRank) {
+  const int n = GetParam();
+  std::vector<std::string> messages(n);
+  run_ranks(n, [&](ProcessGroup& g) {
+    if (g.rank() == n - 1) return;  // the last rank never arrives
+    try {
+      barrier(g, "save_checkpoint", CollectiveOptions().timeout(std::chrono::milliseconds(300)));
+      ADD_FAILURE() << "rank " << g.rank() << " passed a barrier that a rank never reached";
+    } catch (const DistributedError& e) {
+      messages[g.rank()] = e.what();
+    }
+  });
+  for (int r = 0; r < n - 1; ++r) {
+    EXPECT_NE(messages[r].find("barrier 'save_checkpoint'"), std::string::npos) << messages[r];
+    EXPECT_NE(messages[r].find("rank(s) " + std::to_string(n - 1) + " did not arrive"), std::string::npos)
+        << messages[r];
+    EXPECT_NE(messages[r].find("rank " + std::to_string(r) + "/"), std::string::npos) << messages[r];
+  }
+}
+
+TEST_P(Collectives, AllReduceTimeoutNamesOperation) {
+  const int n = GetParam();
+  std::vector<std::string> messages(n);
+  run_ranks(n, [&](ProcessGroup& g) {
+    if (g.rank() == 0) return;  // rank 0 never joins
+    try {
+      all_reduce(g, torch::ones({3}), ReduceOp::sum,
+                 CollectiveOptions().tag("sync_dist val_loss").timeout(std::chrono::milliseconds(300)));
+      ADD_FAILURE() << "all_reduce completed without rank 0";
+    } catch (const DistributedError& e) {
+      messages[g.rank()] = e.what();
+    }
+  }, std::chrono::milliseconds(2000));
+  for (int r = 1; r < n; ++r) {
+    EXPECT_NE(messages[r].find("all_reduce(sum) 'sync_dist val_loss'"), std::string::npos) << messages[r];
+    EXPECT_NE(messages[r].find("rank " + std::to_string(r) + "/" + std::to_string(n)), std::string::npos)
+        << messages[r];
+  }
+}
+
+TEST_P(Collectives, Subgroups) {
+  const int n = GetParam();
+  run_ranks(n, [n](ProcessGroup& g) {
+    std::vector<int> evens;
+    for (int r = 0; r < n; r += 2) evens.push_back(r);
+    auto sub = g.new_subgroup(evens);
+    if (g.rank() % 2 == 1) {
+      EXPECT_EQ(sub, nullptr);
+      return;
+    }
+    ASSERT_NE(sub, nullptr);
+    EXPECT_EQ(sub->world_size(), static_cast<int>(evens.size()));
+    EXPECT_EQ(sub->rank(), g.rank() / 2);
+    auto sum = all_reduce(*sub, torch::tensor({static_cast<float>(g.rank())}), ReduceOp::sum);
+    float expected = 0;
+    for (int r : evens) expected += r;
+    EXPECT_FLOAT_EQ(sum.item<float>(), expected);
+    barrier(*sub, "evens");
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, Collectives, ::testing::Values(2, 4),
+                         [](const auto& info) { return "ranks" + std::to_string(info.param); });
+
+TEST(ReduceOps, ParseNamesAndRejectUnknown) {
+  EXPECT_EQ(parse_reduce_op("mean"), ReduceOp::mean);
+  EXPECT_EQ(parse_reduce_op("avg"), ReduceOp::mean);
+  EXPECT_EQ(parse_reduce_op("product"), ReduceOp::product);
+  try {
+    parse_reduce_op("median");
+    FAIL() << "median accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("sum, mean, max, min or product"), std::string::npos);
+  }
+}
+
+TEST(ReduceOps, MeanOfIntegersIsRejected) {
+  EXPECT_THROW(run_ranks(2, [](ProcessGroup& g) { all_reduce(g, torch::tensor({int64_t{1}})); }),
+               std::invalid_argument);
+}
+
+TEST(ProcessGroupOptions, BadValuesAreClearErrors) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto expect_error = [&](const ProcessGroupOptions& o, const std::string& needle) {
+    try {
+      ProcessGroup::init_with_store(store, o);
+      ADD_FAILURE() << "accepted, expected: " << needle;
+    } catch (const DistributedError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error(ProcessGroupOptions(2, 2), "rank=2 is outside");
+  expect_error(ProcessGroupOptions(0, 0), "world_size=0");
+  expect_error(ProcessGroupOptions(0, 1).backend("nccl"), "--process-group-backend gloo");
+  expect_error(ProcessGroupOptions(0, 1).backend("mpi"), "not available");
+  expect_error(ProcessGroupOptions(0, 1).main_port(70000), "main_port=70000");
+}
+
+}  // namespace
+}  // namespace distributed
+}  // namespace lockstep

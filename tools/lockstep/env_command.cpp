@@ -1,0 +1,69 @@
+// `lockstep env [--json] [trainer flags]`: what this process would run as.
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include <lockstep/accelerators/device_parser.h>
+#include <lockstep/cli/trainer_flags.h>
+#include <lockstep/core/blas.h>
+#include <lockstep/environments/cluster_environment.h>
+
+#include "commands.h"
+
+namespace lockstep {
+namespace tool {
+namespace {
+
+struct EnvArgs {
+  bool json = false;
+  cli::TrainerFlags flags;
+};
+
+nlohmann::json describe(const EnvArgs& args, bool devices_given) {
+  const auto env = environments::detect_environment(environments::Environ::from_process());
+  const int cuda = accelerators::cuda_device_count();
+  const std::string accelerator = accelerators::parse_accelerator(args.flags.accelerator, cuda);
+  const int per_node = accelerators::devices_per_node(accelerator, args.flags.devices, cuda);
+  if (devices_given || args.flags.num_nodes != 1) env->validate_settings(per_node, args.flags.num_nodes);
+  std::string strategy = args.flags.strategy;
+  if (strategy == "auto") {
+    strategy = (env->world_size() > 1 || per_node * args.flags.num_nodes > 1) ? "ddp" : "single_device";
+  }
+  return {{"environment", env->name()},
+          {"world_size", env->world_size()},
+          {"global_rank", env->global_rank()},
+          {"local_rank", env->local_rank()},
+          {"node_rank", env->node_rank()},
+          {"main_address", env->main_address()},
+          {"main_port", env->main_port()},
+          {"creates_processes_externally", env->creates_processes_externally()},
+          {"accelerator", accelerator},
+          {"devices", per_node},
+          {"num_nodes", args.flags.num_nodes},
+          {"strategy", strategy},
+          {"blas", core::blas_library()}};
+}
+
+}  // namespace
+
+Command add_env_command(CLI::App& app) {
+  auto args = std::make_shared<EnvArgs>();
+  auto* sub = app.add_subcommand("env", "Print the detected cluster environment, ranks and devices");
+  sub->add_flag("--json", args->json, "one JSON object on one line");
+  cli::add_trainer_flags(*sub, args->flags);
+  return {sub, [args, sub] {
+    core::warn_if_reference_blas();
+    const auto info = describe(*args, sub->count("--devices") > 0);
+    if (args->json) {
+      std::cout << info.dump() << std::endl;
+      return 0;
+    }
+    for (const auto& [key, value] : info.items()) {
+      std::cout << key << ": " << (value.is_string() ? value.get<std::string>() : value.dump()) << "\n";
+    }
+    return 0;
+  }};
+}
+
+}  // namespace tool
+}  // namespace lockstep

@@ -1,0 +1,32 @@
+// lockstep: inspect the environment, launch and supervise workers, benchmark collectives.
+#include <iostream>
+
+#include <lockstep/core/usage_error.h>
+#include <lockstep/environments/cluster_environment.h>
+#include <lockstep/launchers/launch_error.h>
+#include <lockstep/cli/trainer_flags.h>
+
+#include "commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Lockstep: distributed training for LibTorch. Inspect, launch, benchmark.", "lockstep"};
+  app.require_subcommand(1);
+  const lockstep::tool::Command commands[] = {lockstep::tool::add_env_command(app),
+                                               lockstep::tool::add_launch_command(app),
+                                               lockstep::tool::add_comm_bench_command(app)};
+  const int parsed = lockstep::cli::parse_or_exit_code(app, argc, argv);
+  if (parsed >= 0) return parsed;
+  try {
+    for (const auto& command : commands) {
+      if (command.app->parsed()) return command.run();
+    }
+    return 2;
+  } catch (const lockstep::UsageError& e) {
+    std::cerr << "lockstep: error: " << e.what() << "\n";
+  } catch (const lockstep::environments::EnvironmentError& e) {
+    std::cerr << "lockstep: error: " << e.what() << "\n";
+  } catch (const lockstep::launchers::LaunchError& e) {
+    std::cerr << "lockstep: error: " << e.what() << "\n";
+  }
+  return 2;
+}
