@@ -1,0 +1,55 @@
+#pragma once
+/// LocalEnvironment: no scheduler; Lockstep starts the processes of this node itself.
+
+#include <string>
+
+#include "lockstep/environments/cluster_environment.h"
+
+namespace lockstep {
+namespace environments {
+
+/// The environment when no scheduler started this process (a laptop, a workstation, an
+/// interactive SLURM allocation). Lockstep's launcher starts the other local processes.
+/// Values are read once, at construction:
+///   main_address  MASTER_ADDR, default "127.0.0.1"
+///   main_port     MASTER_PORT, default a free TCP port (bind port 0 on 127.0.0.1), found once
+///   world_size    WORLD_SIZE, default 1
+///   global_rank   RANK, default 0
+///   local_rank    LOCAL_RANK, default 0
+///   node_rank     NODE_RANK, else GROUP_RANK, default 0
+/// Example:
+///   LocalEnvironment env(Environ::from_process());
+///   launcher.start(env.main_address(), env.main_port());
+class LocalEnvironment : public ClusterEnvironment {
+ public:
+  /// Throws EnvironmentError for a variable that is not a non-negative integer or a rank that
+  /// is not below its world size.
+  explicit LocalEnvironment(const Environ& env);
+
+  /// Always true: local is the environment of last resort.
+  static bool detect(const Environ& /*env*/) { return true; }
+
+  std::string name() const override { return "local"; }
+  bool creates_processes_externally() const override { return false; }
+  std::string main_address() const override { return main_address_; }
+  int main_port() const override { return main_port_; }
+  int world_size() const override { return world_size_; }
+  int global_rank() const override { return global_rank_; }
+  int local_rank() const override { return local_rank_; }
+  int node_rank() const override { return node_rank_; }
+
+ private:
+  std::string main_address_;
+  int main_port_ = 0;
+  int world_size_ = 1;
+  int global_rank_ = 0;
+  int local_rank_ = 0;
+  int node_rank_ = 0;
+};
+
+/// A TCP port that is free on 127.0.0.1 right now (the kernel's pick for port 0).
+/// Throws EnvironmentError when no socket can be bound.
+int find_free_port();
+
+}  // namespace environments
+}  // namespace lockstep

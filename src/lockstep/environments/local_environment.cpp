@@ -1,0 +1,80 @@
+#include "lockstep/environments/local_environment.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace lockstep {
+namespace environments {
+namespace {
+
+// Closes the socket on every path out of find_free_port.
+class SocketGuard {
+ public:
+  explicit SocketGuard(int fd) : fd_(fd) {}
+  ~SocketGuard() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  SocketGuard(const SocketGuard&) = delete;
+  SocketGuard& operator=(const SocketGuard&) = delete;
+  int fd() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+EnvironmentError no_free_port(const std::string& step) {
+  return EnvironmentError("Could not find a free TCP port on 127.0.0.1 (" + step +
+                          " failed: " + std::strerror(errno) +
+                          "). Set MASTER_PORT to a free port, e.g. MASTER_PORT=29500.");
+}
+
+}  // namespace
+
+int find_free_port() {
+  SocketGuard socket_fd(::socket(AF_INET, SOCK_STREAM, 0));
+  if (socket_fd.fd() < 0) throw no_free_port("socket()");
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = 0;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(socket_fd.fd(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    throw no_free_port("bind()");
+  }
+  socklen_t length = sizeof(address);
+  if (::getsockname(socket_fd.fd(), reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    throw no_free_port("getsockname()");
+  }
+  return ntohs(address.sin_port);
+}
+
+LocalEnvironment::LocalEnvironment(const Environ& env) {
+  main_address_ = env.get("MASTER_ADDR").value_or("127.0.0.1");
+  if (main_address_.empty()) {
+    throw EnvironmentError(
+        "MASTER_ADDR is set but empty. Set it to the host of rank 0, or unset it to use "
+        "127.0.0.1.");
+  }
+  auto port = env.get("MASTER_PORT");
+  main_port_ = port ? detail::parse_port("MASTER_PORT", *port) : find_free_port();
+  if (auto rank = env.get("RANK"); rank && !env.has("WORLD_SIZE")) {
+    throw EnvironmentError("RANK=" + *rank +
+                           " is set but WORLD_SIZE is not: a rank means nothing without the "
+                           "number of processes; set WORLD_SIZE to it or unset RANK.");
+  }
+  world_size_ = env.get_int("WORLD_SIZE").value_or(1);
+  detail::check_positive("WORLD_SIZE", world_size_);
+  global_rank_ = env.get_int("RANK").value_or(0);
+  detail::check_rank_below("RANK", global_rank_, "WORLD_SIZE", world_size_);
+  local_rank_ = env.get_int("LOCAL_RANK").value_or(0);
+  detail::check_rank_below("LOCAL_RANK", local_rank_, "WORLD_SIZE", world_size_);
+  auto node_rank = env.get_int("NODE_RANK");
+  node_rank_ = node_rank ? *node_rank : env.get_int("GROUP_RANK").value_or(0);
+}
+
+}  // namespace environments
+}  // namespace lockstep
