@@ -119,48 +119,46 @@ at::Tensor all_reduce(ProcessGroup& group, at::Tensor tensor, ReduceOp op, const
 std::vector<at::Tensor> all_gather(ProcessGroup& group, const at::Tensor& tensor, const CollectiveOptions& options) {
   const int n = group.world_size();
   auto input = tensor.dim() == 0 ? tensor.reshape({1}) : tensor.contiguous();
-  // Exchange shapes first: the first dimension may differ per rank, the rest may not.
-  auto shape = torch::tensor(input.sizes().vec(), torch::kInt64);
-  auto dims = torch::tensor({static_cast<int64_t>(input.dim()), static_cast<int64_t>(input.scalar_type())}, torch::kInt64);
-  std::vector<std::vector<at::Tensor>> dim_out(1);
-  for (int r = 0; r < n; ++r) dim_out[0].push_back(torch::empty_like(dims));
-  std::vector<at::Tensor> dim_in{dims};
   c10d::AllgatherOptions go;
   go.timeout = timeout_of(group, options);
-  wait_for(group, group.backend()->allgather(dim_out, dim_in, go), "all_gather", options);
+  // One small exchange first: dtype, rank and trailing sizes must agree; the first dimension
+  // may differ per rank.
+  const auto header_of = [](const at::Tensor& t) {
+    int64_t trailing_hash = 17;
+    for (int64_t d = 1; d < t.dim(); ++d) trailing_hash = trailing_hash * 1000003 + t.size(d);
+    return std::vector<int64_t>{static_cast<int64_t>(t.scalar_type()), t.dim(), trailing_hash, t.size(0)};
+  };
+  auto header = torch::tensor(header_of(input), torch::kInt64);
+  std::vector<std::vector<at::Tensor>> headers(1);
+  for (int r = 0; r < n; ++r) headers[0].push_back(torch::empty_like(header));
+  std::vector<at::Tensor> header_in{header};
+  wait_for(group, group.backend()->allgather(headers, header_in, go), "all_gather", options);
+  std::vector<int64_t> rows(n);
   for (int r = 0; r < n; ++r) {
-    if (!dim_out[0][r].equal(dims)) {
+    if (!headers[0][r].slice(0, 0, 3).equal(header.slice(0, 0, 3))) {
       throw DistributedError(group.describe() + ": " + call_name("all_gather", options) + ": rank " +
-                             std::to_string(r) + " passed a tensor with another number of dimensions or dtype than rank " +
-                             std::to_string(group.rank()) + " (" + c10::toString(input.scalar_type()) +
-                             ", " + std::to_string(input.dim()) + " dims); only the first dimension may differ.");
+                             std::to_string(r) + " passed a tensor whose dtype or sizes beyond the first "
+                             "dimension differ from this rank's (" + c10::toString(input.scalar_type()) +
+                             " " + c10::str(input.sizes()) + "); only the first dimension may differ.");
     }
+    rows[r] = headers[0][r][3].item<int64_t>();
   }
-  std::vector<std::vector<at::Tensor>> shape_out(1);
-  for (int r = 0; r < n; ++r) shape_out[0].push_back(torch::empty_like(shape));
-  std::vector<at::Tensor> shape_in{shape};
-  wait_for(group, group.backend()->allgather(shape_out, shape_in, go), "all_gather", options);
-  int64_t longest = 0;
-  for (int r = 0; r < n; ++r) {
-    if (!shape_out[0][r].slice(0, 1).equal(shape.slice(0, 1))) {
-      throw DistributedError(group.describe() + ": " + call_name("all_gather", options) + ": rank " +
-                             std::to_string(r) + " passed a tensor whose sizes differ from this rank's " +
-                             c10::str(input.sizes()) + " beyond the first dimension.");
-    }
-    longest = std::max(longest, shape_out[0][r][0].item<int64_t>());
+  const int64_t longest = *std::max_element(rows.begin(), rows.end());
+  // Equal shapes gather straight from the input; uneven ones are padded to the longest first.
+  at::Tensor send = input;
+  if (input.size(0) != longest) {
+    auto padded_shape = input.sizes().vec();
+    padded_shape[0] = longest;
+    send = torch::empty(padded_shape, input.options());
+    send.slice(0, 0, input.size(0)).copy_(input);
   }
-  // Pad to the longest first dimension, gather, then trim each rank's part.
-  auto padded_shape = input.sizes().vec();
-  padded_shape[0] = longest;
-  auto padded = torch::zeros(padded_shape, input.options());
-  padded.slice(0, 0, input.size(0)).copy_(input);
   std::vector<std::vector<at::Tensor>> out(1);
-  for (int r = 0; r < n; ++r) out[0].push_back(torch::empty_like(padded));
-  std::vector<at::Tensor> in{padded};
+  for (int r = 0; r < n; ++r) out[0].push_back(torch::empty_like(send));
+  std::vector<at::Tensor> in{send};
   wait_for(group, group.backend()->allgather(out, in, go), "all_gather", options);
   std::vector<at::Tensor> parts;
   for (int r = 0; r < n; ++r) {
-    auto part = out[0][r].slice(0, 0, shape_out[0][r][0].item<int64_t>());
+    auto part = rows[r] == longest ? out[0][r] : out[0][r].slice(0, 0, rows[r]);
     parts.push_back(tensor.dim() == 0 ? part.reshape({}) : part);
   }
   return parts;

@@ -1,0 +1,87 @@
+#pragma once
+// Runs a program to completion with an exact environment, capturing stdout and stderr, bounded
+// by a timeout (the process is SIGKILLed and reaped if it runs over).
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace lockstep {
+namespace testing {
+
+struct CommandResult {
+  int exit_code = -1;  // 128+S for a signal, -1 if it timed out or could not start
+  std::string out;
+  std::string err;
+  std::vector<std::string> out_lines() const {
+    std::vector<std::string> lines;
+    std::istringstream in(out);
+    for (std::string line; std::getline(in, line);) {
+      if (!line.empty()) lines.push_back(line);
+    }
+    return lines;
+  }
+};
+
+inline std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+inline CommandResult run_command(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+                                 std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  char pattern[] = "/tmp/lockstep_cmd_XXXXXX";
+  const std::string dir = ::mkdtemp(pattern);
+  const std::string out_path = dir + "/out", err_path = dir + "/err";
+  std::vector<std::string> env_strings;
+  for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp, args;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> argv_copy = argv;
+  for (auto& s : argv_copy) args.push_back(s.data());
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  CommandResult result;
+  pid_t pid = -1;
+  const bool started = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), envp.data()) == 0;
+  posix_spawn_file_actions_destroy(&actions);
+  if (started) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    int status = 0;
+    while (::waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        status = -1;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (status != -1) result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  result.out = slurp(out_path);
+  result.err = slurp(err_path);
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+  return result;
+}
+
+}  // namespace testing
+}  // namespace lockstep

@@ -1,0 +1,179 @@
+// The `lockstep` command, run as a user runs it: env under recorded scheduler environments,
+// launch, comm-bench, and bad input.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <lockstep/environments/cluster_environment.h>
+
+#include "../support/command.h"
+
+namespace lockstep {
+namespace {
+
+using testing::run_command;
+
+const std::string lockstep_bin = std::string(LOCKSTEP_BIN_DIR) + "/lockstep";
+
+std::map<std::string, std::string> fixture(const std::string& name) {
+  auto vars = environments::Environ::from_env_file(std::string(LOCKSTEP_SOURCE_DIR) +
+                                                   "/tests/fixtures/environments/" + name)
+                  .vars();
+  vars["PATH"] = "/usr/bin:/bin";
+  vars["LOCKSTEP_NO_BLAS_WARNING"] = "1";
+  return vars;
+}
+
+std::map<std::string, std::string> plain_environment() {
+  return {{"PATH", "/usr/bin:/bin"}, {"HOME", "/tmp"}};
+}
+
+nlohmann::json env_json(const std::map<std::string, std::string>& env, std::vector<std::string> extra = {}) {
+  std::vector<std::string> argv{lockstep_bin, "env", "--json"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  auto result = run_command(argv, env);
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  return nlohmann::json::parse(result.out);
+}
+
+TEST(LockstepEnv, PlainMachineIsLocal) {
+  auto j = env_json(plain_environment());
+  EXPECT_EQ(j["environment"], "local");
+  EXPECT_EQ(j["world_size"], 1);
+  EXPECT_EQ(j["global_rank"], 0);
+  EXPECT_EQ(j["creates_processes_externally"], false);
+  EXPECT_EQ(j["accelerator"], "cpu");
+  EXPECT_EQ(j["strategy"], "single_device");
+  for (const char* key : {"environment", "world_size", "global_rank", "local_rank", "node_rank", "main_address",
+                          "main_port", "creates_processes_externally", "accelerator", "devices", "strategy"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+}
+
+TEST(LockstepEnv, RecordedSlurmJob) {
+  auto j = env_json(fixture("slurm_srun_rank5.env"));
+  EXPECT_EQ(j["environment"], "slurm");
+  EXPECT_EQ(j["global_rank"], 5);
+  EXPECT_EQ(j["world_size"], 8);
+  EXPECT_EQ(j["local_rank"], 1);
+  EXPECT_EQ(j["node_rank"], 1);
+  EXPECT_EQ(j["creates_processes_externally"], true);
+  EXPECT_EQ(j["strategy"], "ddp");
+}
+
+TEST(LockstepEnv, RecordedTorchrunJob) {
+  auto env = fixture("torchrun_single_node_rank1.env");
+  auto j = env_json(env);
+  EXPECT_EQ(j["environment"], "torchelastic");
+  EXPECT_EQ(j["global_rank"], 1);
+  EXPECT_EQ(j["world_size"], 2);
+  EXPECT_EQ(j["main_port"], std::stoi(env.at("MASTER_PORT")));
+}
+
+TEST(LockstepEnv, RecordedOpenMpiJob) {
+  auto j = env_json(fixture("openmpi_single_node_rank3.env"));
+  EXPECT_EQ(j["environment"], "mpi");
+  EXPECT_EQ(j["global_rank"], 3);
+  EXPECT_EQ(j["local_rank"], 3);
+  EXPECT_EQ(j["creates_processes_externally"], true);
+}
+
+TEST(LockstepEnv, EnvironmentVariableSetsFlagAndFlagWins) {
+  auto env = plain_environment();
+  env["LOCKSTEP_TRAINER_DEVICES"] = "3";
+  EXPECT_EQ(env_json(env)["devices"], 3);
+  EXPECT_EQ(env_json(env, {"--devices", "2"})["devices"], 2);
+}
+
+TEST(LockstepEnv, WarnsLoudlyOnReferenceBlas) {
+  const std::string reference = "/usr/lib/x86_64-linux-gnu/blas/libblas.so.3";
+  if (!std::filesystem::exists(reference)) GTEST_SKIP() << "libblas3 (reference BLAS) is not installed";
+  auto env = plain_environment();
+  env["LD_PRELOAD"] = reference;
+  auto result = run_command({lockstep_bin, "env", "--json"}, env);
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.err.find("WARNING: LibTorch is using the reference BLAS"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("apt-get install libopenblas0-pthread"), std::string::npos) << result.err;
+  EXPECT_NE(nlohmann::json::parse(result.out)["blas"].get<std::string>().find("/blas/"), std::string::npos);
+  // With OpenBLAS (what scripts/setup installs) there is no warning.
+  auto quiet = run_command({lockstep_bin, "env", "--json"}, plain_environment());
+  EXPECT_EQ(quiet.err.find("WARNING"), std::string::npos) << quiet.err;
+}
+
+TEST(LockstepLaunch, TwoWorkersSeeOneJob) {
+  auto result = run_command({lockstep_bin, "launch", "--nproc-per-node", "2", "--", lockstep_bin, "env", "--json"},
+                            plain_environment());
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const auto lines = result.out_lines();
+  ASSERT_EQ(lines.size(), 2u) << result.out;
+  std::set<int> ranks;
+  std::set<std::string> addresses;
+  for (const auto& line : lines) {
+    auto j = nlohmann::json::parse(line);
+    ranks.insert(j["global_rank"].get<int>());
+    addresses.insert(j["main_address"].get<std::string>() + ":" + std::to_string(j["main_port"].get<int>()));
+    EXPECT_EQ(j["world_size"], 2) << line;
+    EXPECT_EQ(j["environment"], "torchelastic") << line;
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1}));
+  EXPECT_EQ(addresses.size(), 1u) << result.out;
+}
+
+TEST(LockstepCommBench, ResultsAreCheckedAndReported) {
+  auto result = run_command({lockstep_bin, "comm-bench", "--nproc-per-node", "2", "--sizes", "64K,1M", "--iters",
+                             "3", "--warmup", "1", "--json", "--timeout", "30"},
+                            plain_environment(), std::chrono::seconds(90));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const auto lines = result.out_lines();
+  ASSERT_EQ(lines.size(), 6u) << result.out;  // 3 ops x 2 sizes, printed by rank 0 only
+  for (const auto& line : lines) {
+    auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["correct"], true) << line;
+    EXPECT_EQ(j["world_size"], 2);
+    EXPECT_GT(j["busbw_gbps"].get<double>(), 0.0) << line;
+    EXPECT_GT(j["raw_busbw_gbps"].get<double>(), 0.0) << line;
+    // busbw as nccl-tests defines it: allreduce moves 2(n-1)/n of the data per rank.
+    const double factor = j["op"] == "allreduce" ? 1.0 : (j["op"] == "allgather" ? 0.5 : 1.0);
+    EXPECT_NEAR(j["busbw_gbps"].get<double>(), j["algbw_gbps"].get<double>() * factor, 1e-9) << line;
+  }
+}
+
+// Bad input: one clear message naming the fix, exit code 2, for every case.
+struct BadInput {
+  std::vector<std::string> args;
+  std::map<std::string, std::string> env;
+  std::string needle;
+};
+
+TEST(LockstepBadInput, ExitTwoWithTheFix) {
+  const std::vector<BadInput> cases = {
+      {{"env", "--devices", "0"}, {}, "--devices 2"},
+      {{"env", "--devices", "x"}, {}, "number of processes"},
+      {{"env", "--accelerator", "tpu"}, {}, "does not apply to LibTorch"},
+      {{"env", "--accelerator", "cuda"}, {}, "--accelerator cpu"},
+      {{"env", "--accelerator", "quantum"}, {}, "auto, cpu, cuda or gpu"},
+      {{"env", "--num-nodes", "0"}, {}, "--num-nodes"},
+      {{"env"}, {{"RANK", "1"}}, "WORLD_SIZE"},
+      {{"env"}, {{"RANK", "abc"}, {"WORLD_SIZE", "2"}}, "RANK"},
+      {{"env"}, {{"LOCKSTEP_TRAINER_DEVICES", "-3"}}, "at least 1"},
+      {{"launch", "--nproc-per-node", "0", "--", "/bin/true"}, {}, "--nproc-per-node"},
+      {{"launch", "--", "/no/such/program"}, {}, "/no/such/program"},
+      {{"launch", "--nproc-per-node", "2"}, {}, "command"},
+      {{"comm-bench", "--sizes", "lots"}, {}, "--sizes 1M,25M,100M"},
+      {{"comm-bench", "--ops", "alltoall"}, {}, "allreduce, broadcast, allgather"},
+      {{"no-such-command"}, {}, "lockstep --help"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    auto env = plain_environment();
+    for (const auto& [k, v] : cases[i].env) env[k] = v;
+    std::vector<std::string> argv{lockstep_bin};
+    argv.insert(argv.end(), cases[i].args.begin(), cases[i].args.end());
+    auto result = run_command(argv, env, std::chrono::seconds(30));
+    EXPECT_EQ(result.exit_code, 2) << "case " << i << ": " << result.err;
+    EXPECT_NE(result.err.find(cases[i].needle), std::string::npos)
+        << "case " << i << " should mention '" << cases[i].needle << "', got: " << result.err;
+    EXPECT_EQ(result.err.find("terminate called"), std::string::npos) << "case " << i << ": " << result.err;
+  }
+}
+
+}  // namespace
+}  // namespace lockstep

@@ -1,0 +1,29 @@
+#include <lockstep/core/blas.h>
+
+#include <cstdlib>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+namespace lockstep {
+namespace core {
+namespace {
+
+TEST(Blas, FindsTheLibraryThatAnswersSgemm) {
+  // LibTorch links libblas.so.3; whichever alternative provides it must be named.
+  const std::string path = blas_library();
+  ASSERT_FALSE(path.empty());
+  EXPECT_NE(path.find("blas"), std::string::npos) << path;
+}
+
+TEST(Blas, OpenBlasIsRecognisedAsOptimised) {
+  // scripts/setup installs libopenblas0-pthread, so this machine must use it.
+  const std::string path = blas_library();
+  EXPECT_NE(path.find("openblas"), std::string::npos) << path;
+  EXPECT_TRUE(blas_is_optimized()) << path;
+  EXPECT_FALSE(warn_if_reference_blas());
+}
+
+}  // namespace
+}  // namespace core
+}  // namespace lockstep
