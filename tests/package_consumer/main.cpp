@@ -1,17 +1,19 @@
-// Uses the installed Lockstep: a one-rank process group over an in-memory store, one all_reduce.
-#include <iostream>
-
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/torch.h>
-
-#include <lockstep/distributed/collectives.h>
+// Uses the installed Lockstep the way README's example does (one process: the local environment).
+#include <lockstep/lockstep.h>
+using namespace lockstep;
 
 int main() {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  auto group = lockstep::distributed::ProcessGroup::init_with_store(
-      store, lockstep::distributed::ProcessGroupOptions(0, 1));
-  auto t = lockstep::distributed::all_reduce(*group, torch::tensor({2.0f, 4.0f}));
-  const bool ok = t.equal(torch::tensor({2.0f, 4.0f}));
-  std::cout << "package consumer: all_reduce over 1 rank " << (ok ? "ok" : "WRONG") << "\n";
+  auto env = environments::detect_environment(environments::Environ::from_process());
+  auto group = distributed::ProcessGroup::init(
+      distributed::ProcessGroupOptions(env->global_rank(), env->world_size())
+          .main_address(env->main_address()).main_port(env->main_port())
+          .timeout(std::chrono::seconds(60)));
+  auto loss = torch::tensor({1.0f + group->rank()});
+  distributed::all_reduce(*group, loss);                 // mean over ranks, in place
+  distributed::barrier(*group, "after_loss");
+  const bool ok = loss.item<float>() == 1.0f && env->name() == "local";
+  distributed::rank_zero_only([&] {
+    std::cout << "package consumer: " << env->name() << " environment, all_reduce " << (ok ? "ok" : "WRONG") << "\n";
+  });
   return ok ? 0 : 1;
 }
