@@ -1,0 +1,66 @@
+#pragma once
+/// DataLoader: batches of a Dataset in the order a sampler gives, with an optional background
+/// thread that prepares the next batch while the current one trains.
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <torch/arg.h>
+
+#include <lockstep/core/dataset.h>
+#include <lockstep/distributed/sampler.h>
+
+namespace lockstep {
+
+struct DataLoaderOptions {
+  explicit DataLoaderOptions(int64_t batch_size) : batch_size_(batch_size) {}
+  /// Examples per batch on this process.
+  TORCH_ARG(int64_t, batch_size);
+  /// Shuffle each epoch (seeded by seed + epoch). Default: false.
+  TORCH_ARG(bool, shuffle) = false;
+  /// Drop the last incomplete batch. Default: false.
+  TORCH_ARG(bool, drop_last) = false;
+  /// Seed of the shuffle. Default: 0.
+  TORCH_ARG(int64_t, seed) = 0;
+  /// Prepare the next batch on a background thread. Default: true.
+  TORCH_ARG(bool, prefetch) = true;
+};
+
+/// Iterates one epoch at a time:
+///   DataLoader loader(dataset, DataLoaderOptions(64).shuffle(true));
+///   loader.set_epoch(e);
+///   for (int64_t i = 0; i < loader.num_batches(); ++i) Batch b = loader.batch(i);
+/// With a DistributedSampler set (the Trainer sets one under DDP), each rank reads its share.
+class DataLoader {
+ public:
+  DataLoader(std::shared_ptr<Dataset> dataset, DataLoaderOptions options);
+  ~DataLoader();
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
+
+  /// Replaces the index order by `sampler`'s (its shuffle and seed win over the options').
+  void set_sampler(std::shared_ptr<distributed::DistributedSampler> sampler);
+  bool has_sampler() const { return sampler_ != nullptr; }
+  void set_epoch(int64_t epoch);
+  int64_t num_batches() const;
+  /// Batch `i` of the current epoch; sequential access is prefetched.
+  Batch batch(int64_t i);
+  const DataLoaderOptions& options() const { return options_; }
+  const std::shared_ptr<Dataset>& dataset() const { return dataset_; }
+
+ private:
+  std::vector<int64_t> epoch_indices() const;
+  Batch load(int64_t i) const;
+
+  std::shared_ptr<Dataset> dataset_;
+  DataLoaderOptions options_;
+  std::shared_ptr<distributed::DistributedSampler> sampler_;
+  int64_t epoch_ = 0;
+  std::vector<int64_t> order_;
+  struct Prefetch;
+  std::unique_ptr<Prefetch> prefetch_;
+};
+
+}  // namespace lockstep

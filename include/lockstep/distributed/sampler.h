@@ -1,0 +1,51 @@
+#pragma once
+/// DistributedSampler: each rank's share of the dataset indices for one epoch, exactly as
+/// PyTorch's torch.utils.data.DistributedSampler computes them (same permutation for the same
+/// seed and epoch, same padding), so Lockstep and Python DDP see the same batches.
+
+#include <cstdint>
+#include <vector>
+
+#include <torch/arg.h>
+
+namespace lockstep {
+namespace distributed {
+
+struct SamplerOptions {
+  SamplerOptions(int num_replicas, int rank) : num_replicas_(num_replicas), rank_(rank) {}
+  /// Number of ranks sharing the dataset.
+  TORCH_ARG(int, num_replicas);
+  /// This rank, 0 <= rank < num_replicas.
+  TORCH_ARG(int, rank);
+  /// Shuffle with a permutation seeded by seed + epoch. Default: true.
+  TORCH_ARG(bool, shuffle) = true;
+  /// Base seed, the same on every rank. Default: 0 (as PyTorch).
+  TORCH_ARG(int64_t, seed) = 0;
+  /// Drop the tail so every rank gets size/num_replicas indices, instead of padding with
+  /// repeated indices. Default: false.
+  TORCH_ARG(bool, drop_last) = false;
+};
+
+///   DistributedSampler sampler(60000, SamplerOptions(2, rank).seed(42));
+///   sampler.set_epoch(epoch);            // a new permutation every epoch
+///   for (int64_t i : sampler.indices()) ...
+class DistributedSampler {
+ public:
+  DistributedSampler(int64_t dataset_size, SamplerOptions options);
+  void set_epoch(int64_t epoch) { epoch_ = epoch; }
+  int64_t epoch() const { return epoch_; }
+  /// This rank's indices for the current epoch; the same length on every rank.
+  std::vector<int64_t> indices() const;
+  /// Number of indices per rank.
+  int64_t num_samples() const { return num_samples_; }
+  const SamplerOptions& options() const { return options_; }
+
+ private:
+  int64_t dataset_size_;
+  SamplerOptions options_;
+  int64_t num_samples_;
+  int64_t epoch_ = 0;
+};
+
+}  // namespace distributed
+}  // namespace lockstep

@@ -1,0 +1,90 @@
+#include <lockstep/core/data_loader.h>
+
+#include <future>
+
+#include <torch/torch.h>
+
+#include <lockstep/core/usage_error.h>
+
+namespace lockstep {
+
+// The batch being prepared in the background, and which one it is.
+struct DataLoader::Prefetch {
+  int64_t index = -1;
+  std::future<Batch> batch;
+};
+
+DataLoader::DataLoader(std::shared_ptr<Dataset> dataset, DataLoaderOptions options)
+    : dataset_(std::move(dataset)), options_(std::move(options)), prefetch_(std::make_unique<Prefetch>()) {
+  if (!dataset_) throw UsageError("DataLoader: the dataset is null; pass a std::shared_ptr<Dataset>.");
+  if (options_.batch_size() < 1) {
+    throw UsageError("DataLoader: batch_size=" + std::to_string(options_.batch_size()) +
+                     "; it must be at least 1 (e.g. --batch-size 64).");
+  }
+  order_ = epoch_indices();
+}
+
+DataLoader::~DataLoader() {
+  if (prefetch_ && prefetch_->batch.valid()) prefetch_->batch.wait();
+}
+
+void DataLoader::set_sampler(std::shared_ptr<distributed::DistributedSampler> sampler) {
+  sampler_ = std::move(sampler);
+  set_epoch(epoch_);
+}
+
+void DataLoader::set_epoch(int64_t epoch) {
+  if (prefetch_->batch.valid()) prefetch_->batch.wait();
+  prefetch_->index = -1;
+  prefetch_->batch = {};
+  epoch_ = epoch;
+  if (sampler_) sampler_->set_epoch(epoch);
+  order_ = epoch_indices();
+}
+
+std::vector<int64_t> DataLoader::epoch_indices() const {
+  if (sampler_) return sampler_->indices();
+  const int64_t n = dataset_->size();
+  if (options_.shuffle()) {
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(options_.seed() + epoch_));
+    auto perm = torch::randperm(n, generator, torch::kInt64);
+    return std::vector<int64_t>(perm.data_ptr<int64_t>(), perm.data_ptr<int64_t>() + n);
+  }
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+  return order;
+}
+
+int64_t DataLoader::num_batches() const {
+  const auto n = static_cast<int64_t>(order_.size());
+  const int64_t b = options_.batch_size();
+  return options_.drop_last() ? n / b : (n + b - 1) / b;
+}
+
+Batch DataLoader::load(int64_t i) const {
+  const int64_t b = options_.batch_size();
+  const auto begin = order_.begin() + i * b;
+  const auto end = order_.begin() + std::min<int64_t>(static_cast<int64_t>(order_.size()), (i + 1) * b);
+  return dataset_->get_batch(std::vector<int64_t>(begin, end));
+}
+
+Batch DataLoader::batch(int64_t i) {
+  if (i < 0 || i >= num_batches()) {
+    throw std::out_of_range("DataLoader: batch " + std::to_string(i) + " of " + std::to_string(num_batches()));
+  }
+  Batch result;
+  if (prefetch_->index == i && prefetch_->batch.valid()) {
+    result = prefetch_->batch.get();
+  } else {
+    if (prefetch_->batch.valid()) prefetch_->batch.wait();
+    result = load(i);
+  }
+  prefetch_->index = -1;
+  if (options_.prefetch() && i + 1 < num_batches()) {
+    prefetch_->index = i + 1;
+    prefetch_->batch = std::async(std::launch::async, [this, next = i + 1] { return load(next); });
+  }
+  return result;
+}
+
+}  // namespace lockstep

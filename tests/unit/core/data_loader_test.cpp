@@ -1,0 +1,72 @@
+#include <lockstep/core/data_loader.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <lockstep/core/usage_error.h>
+
+namespace lockstep {
+namespace {
+
+std::shared_ptr<TensorDataset> numbers(int64_t n) {
+  return std::make_shared<TensorDataset>(torch::arange(n, torch::kFloat32).unsqueeze(1), torch::arange(n));
+}
+
+TEST(DataLoader, BatchesInOrderWithLastPartialBatch) {
+  for (bool prefetch : {false, true}) {
+    DataLoader loader(numbers(10), DataLoaderOptions(4).prefetch(prefetch));
+    ASSERT_EQ(loader.num_batches(), 3);
+    std::vector<int64_t> targets;
+    for (int64_t i = 0; i < loader.num_batches(); ++i) {
+      Batch b = loader.batch(i);
+      EXPECT_EQ(b.data.size(1), 1);
+      for (int64_t j = 0; j < b.size(); ++j) targets.push_back(b.target[j].item<int64_t>());
+    }
+    EXPECT_EQ(targets, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9})) << "prefetch " << prefetch;
+  }
+}
+
+TEST(DataLoader, DropLastAndShuffleBySeedAndEpoch) {
+  DataLoader a(numbers(10), DataLoaderOptions(4).drop_last(true).shuffle(true).seed(5));
+  DataLoader b(numbers(10), DataLoaderOptions(4).drop_last(true).shuffle(true).seed(5));
+  EXPECT_EQ(a.num_batches(), 2);
+  EXPECT_TRUE(a.batch(0).target.equal(b.batch(0).target));
+  auto first = a.batch(0).target.clone();
+  a.set_epoch(1);
+  EXPECT_FALSE(a.batch(0).target.equal(first));
+}
+
+TEST(DataLoader, SamplerGivesThisRanksShare) {
+  auto loader_for = [](int rank) {
+    auto loader = std::make_unique<DataLoader>(numbers(9), DataLoaderOptions(2));
+    loader->set_sampler(std::make_shared<distributed::DistributedSampler>(
+        9, distributed::SamplerOptions(2, rank).shuffle(false)));
+    return loader;
+  };
+  auto r0 = loader_for(0), r1 = loader_for(1);
+  EXPECT_EQ(r0->num_batches(), 3);  // 5 padded indices per rank, batches of 2
+  EXPECT_TRUE(r0->batch(0).target.equal(torch::tensor({0, 2}, torch::kInt64)));
+  EXPECT_TRUE(r1->batch(0).target.equal(torch::tensor({1, 3}, torch::kInt64)));
+  EXPECT_TRUE(r1->batch(2).target.equal(torch::tensor({0}, torch::kInt64)));  // padding repeats index 0
+}
+
+TEST(DataLoader, BadInput) {
+  EXPECT_THROW(DataLoader(numbers(3), DataLoaderOptions(0)), UsageError);
+  EXPECT_THROW(DataLoader(nullptr, DataLoaderOptions(1)), UsageError);
+  EXPECT_THROW(TensorDataset(torch::zeros({3, 2}), torch::zeros({4})), UsageError);
+  DataLoader loader(numbers(3), DataLoaderOptions(2));
+  EXPECT_THROW(loader.batch(2), std::out_of_range);
+}
+
+TEST(Batch, ToDeviceRecursesIntoContainers) {
+  std::map<std::string, std::vector<torch::Tensor>> nested{{"a", {torch::ones({1}), torch::zeros({2})}}};
+  std::tuple<Batch, std::pair<torch::Tensor, torch::Tensor>> t{Batch{torch::ones({2}), torch::Tensor()},
+                                                                {torch::ones({1}), torch::ones({1})}};
+  to_device(nested, torch::Device(torch::kCPU));
+  to_device(t, torch::Device(torch::kCPU));
+  EXPECT_EQ(nested["a"][1].device().type(), torch::kCPU);
+  EXPECT_FALSE(std::get<0>(t).target.defined());
+}
+
+}  // namespace
+}  // namespace lockstep
