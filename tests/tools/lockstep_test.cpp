@@ -77,6 +77,14 @@ TEST(LockstepEnv, RecordedOpenMpiJob) {
   EXPECT_EQ(j["creates_processes_externally"], true);
 }
 
+TEST(LockstepEnv, DevicesThatContradictSlurmAreAnError) {
+  auto result = run_command({lockstep_bin, "env", "--devices", "2", "--num-nodes", "2"}, fixture("slurm_srun_rank5.env"));
+  EXPECT_EQ(result.exit_code, 2) << result.out;
+  EXPECT_NE(result.err.find("SLURM_NTASKS_PER_NODE=4"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("Use --devices 4"), std::string::npos) << result.err;
+  EXPECT_EQ(env_json(fixture("slurm_srun_rank5.env"), {"--devices", "4", "--num-nodes", "2"})["devices"], 4);
+}
+
 TEST(LockstepEnv, EnvironmentVariableSetsFlagAndFlagWins) {
   auto env = plain_environment();
   env["LOCKSTEP_TRAINER_DEVICES"] = "3";

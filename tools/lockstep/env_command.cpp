@@ -16,18 +16,18 @@ namespace {
 
 struct EnvArgs {
   bool json = false;
-  cli::TrainerFlags flags;
+  TrainerOptions flags;
 };
 
 nlohmann::json describe(const EnvArgs& args, bool devices_given) {
   const auto env = environments::detect_environment(environments::Environ::from_process());
   const int cuda = accelerators::cuda_device_count();
-  const std::string accelerator = accelerators::parse_accelerator(args.flags.accelerator, cuda);
-  const int per_node = accelerators::devices_per_node(accelerator, args.flags.devices, cuda);
-  if (devices_given || args.flags.num_nodes != 1) env->validate_settings(per_node, args.flags.num_nodes);
-  std::string strategy = args.flags.strategy;
+  const std::string accelerator = accelerators::parse_accelerator(args.flags.accelerator(), cuda);
+  const int per_node = accelerators::devices_per_node(accelerator, args.flags.devices(), cuda);
+  if (devices_given || args.flags.num_nodes() != 1) env->validate_settings(per_node, args.flags.num_nodes());
+  std::string strategy = args.flags.strategy();
   if (strategy == "auto") {
-    strategy = (env->world_size() > 1 || per_node * args.flags.num_nodes > 1) ? "ddp" : "single_device";
+    strategy = (env->world_size() > 1 || per_node * args.flags.num_nodes() > 1) ? "ddp" : "single_device";
   }
   return {{"environment", env->name()},
           {"world_size", env->world_size()},
@@ -39,7 +39,7 @@ nlohmann::json describe(const EnvArgs& args, bool devices_given) {
           {"creates_processes_externally", env->creates_processes_externally()},
           {"accelerator", accelerator},
           {"devices", per_node},
-          {"num_nodes", args.flags.num_nodes},
+          {"num_nodes", args.flags.num_nodes()},
           {"strategy", strategy},
           {"blas", core::blas_library()}};
 }
