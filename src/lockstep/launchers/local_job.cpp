@@ -1,0 +1,127 @@
+#include "local_job.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+
+#include "lockstep/launchers/launch_error.h"
+#include "lockstep/launchers/worker_environment.h"
+#include "process_utils.h"
+
+namespace lockstep {
+namespace launchers {
+namespace detail {
+
+namespace {
+
+LocalJob* the_job = nullptr;
+
+constexpr std::chrono::milliseconds kWatchInterval(50);
+
+void flush_everything() {
+  std::cout.flush();
+  std::clog.flush();
+  std::fflush(nullptr);
+}
+
+void finish_at_exit() {
+  LocalJob* job = LocalJob::current();
+  if (job == nullptr) return;
+  const int code = job->finish(job->options().exit_timeout());
+  if (code == 0) return;
+  flush_everything();
+  std::_Exit(code);
+}
+
+}  // namespace
+
+bool is_worker_process() {
+  for (const char* name : {"RANK", "GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}) {
+    if (std::getenv(name) == nullptr) return false;
+  }
+  return true;
+}
+
+LocalJob& LocalJob::begin(const LaunchOptions& options) {
+  if (the_job != nullptr) {
+    throw LaunchError("this process already launched its workers (local rank 0 of run " +
+                      the_job->options().run_id() + "); a process launches once.");
+  }
+  options.validate();
+  the_job = new LocalJob(options);  // never deleted: the exit-time wait needs it after main()
+  return *the_job;
+}
+
+LocalJob* LocalJob::current() { return the_job; }
+
+LocalJob::LocalJob(const LaunchOptions& options)
+    : options_(with_private_log_dir(options)),
+      own_log_dir_(options.log_dir().empty()),
+      owner_(::getpid()),
+      supervisor_(options.grace_period()) {
+  const int port = resolve_master_port(options_);
+  for (int rank = 0; rank < options_.nproc_per_node(); ++rank) {
+    variables_.push_back(worker_variables(options_, rank, port));
+    prepare_error_file(variables_.back().at("TORCHELASTIC_ERROR_FILE"));
+  }
+}
+
+void LocalJob::export_variables(int local_rank) const {
+  for (const auto& [name, value] : variables(local_rank)) ::setenv(name.c_str(), value.c_str(), 1);
+}
+
+void LocalJob::watch() {
+  static bool registered = false;
+  if (!registered) registered = std::atexit(finish_at_exit) == 0;
+  if (supervisor_.workers().empty()) return;
+  watcher_ = std::thread([this] {
+    while (!stop_watching_.load()) {
+      const auto code = supervisor_.wait_for(kWatchInterval);
+      if (!code) continue;
+      if (*code == 0) return;
+      report_error_file();
+      remove_empty_log_dirs(options_.log_dir(), options_.nproc_per_node(), own_log_dir_);
+      say("ending local rank 0 (pid " + std::to_string(::getpid()) + ") with exit code " +
+          std::to_string(*code));
+      flush_everything();
+      std::_Exit(*code);
+    }
+  });
+}
+
+int LocalJob::finish(std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(finish_mutex_);
+  if (::getpid() != owner_) return 0;
+  if (result_) return *result_;
+  stop_watching_.store(true);
+  if (watcher_.joinable()) watcher_.join();
+  auto code = supervisor_.wait_for(timeout);
+  if (!code) {
+    say("local rank 0 finished, but " + std::to_string(supervisor_.running()) +
+        " other worker(s) still ran " + std::to_string(timeout.count()) +
+        " ms later; terminating them");
+    supervisor_.terminate_all();
+    const auto failure = supervisor_.first_failure();
+    code = failure ? *failure->exit_code : 1;
+  }
+  report_error_file();
+  remove_empty_log_dirs(options_.log_dir(), options_.nproc_per_node(), own_log_dir_);
+  result_ = code;
+  return *code;
+}
+
+void LocalJob::report_error_file() const {
+  const auto failure = supervisor_.first_failure();
+  if (!failure) return;
+  const std::string& report = variables(failure->local_rank).at("TORCHELASTIC_ERROR_FILE");
+  if (file_exists(report)) {
+    say("worker local_rank=" + std::to_string(failure->local_rank) + " left an error report in " +
+        report);
+  }
+}
+
+}  // namespace detail
+}  // namespace launchers
+}  // namespace lockstep

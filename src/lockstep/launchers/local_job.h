@@ -1,0 +1,70 @@
+#pragma once
+// The job of an in-process launcher (subprocess, fork): this process is local rank 0 and
+// supervises local ranks 1..N-1 from a background thread.
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "lockstep/launchers/launch_options.h"
+#include "lockstep/launchers/supervisor.h"
+
+namespace lockstep {
+namespace launchers {
+namespace detail {
+
+/// Whether this process already is a worker of a job (torchrun's or ours): RANK, GROUP_RANK,
+/// LOCAL_RANK and LOCAL_WORLD_SIZE are all set.
+bool is_worker_process();
+
+/// At most one per process, made by `begin`, never destroyed: it must outlive main() for the
+/// exit-time wait.
+class LocalJob {
+ public:
+  /// Validates `options`, resolves the port and log folder and computes every local rank's
+  /// variables. Throws LaunchError when this process already began a job.
+  static LocalJob& begin(const LaunchOptions& options);
+  /// The job this process began, or nullptr.
+  static LocalJob* current();
+
+  const LaunchOptions& options() const { return options_; }
+  const std::map<std::string, std::string>& variables(int local_rank) const {
+    return variables_.at(local_rank);
+  }
+  Supervisor& supervisor() { return supervisor_; }
+
+  /// Writes `local_rank`'s variables into this process's environment.
+  void export_variables(int local_rank) const;
+  /// Starts the thread that ends the whole process with a failed worker's exit code, and makes
+  /// `finish(options.exit_timeout())` run at exit. Call on the thread that started the workers.
+  void watch();
+  /// Waits up to `timeout` for the workers, terminates those still running, returns the job's
+  /// code (0, the first failure's, or 1 when workers had to be terminated and exited 0). Runs
+  /// once; later calls return the first result. Returns 0 in a forked worker.
+  int finish(std::chrono::milliseconds timeout);
+
+ private:
+  explicit LocalJob(const LaunchOptions& options);
+  void report_error_file() const;
+
+  LaunchOptions options_;
+  bool own_log_dir_;
+  pid_t owner_;
+  std::vector<std::map<std::string, std::string>> variables_;
+  Supervisor supervisor_;
+  std::thread watcher_;
+  std::atomic<bool> stop_watching_{false};
+  std::mutex finish_mutex_;
+  std::optional<int> result_;
+};
+
+}  // namespace detail
+}  // namespace launchers
+}  // namespace lockstep

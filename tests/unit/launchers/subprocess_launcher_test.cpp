@@ -1,0 +1,159 @@
+#include <lockstep/launchers/subprocess_launcher.h>
+
+#include <signal.h>
+
+#include <chrono>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "process_support.h"
+
+namespace lockstep {
+namespace launchers {
+namespace {
+
+using namespace lockstep::testing;
+using std::chrono::milliseconds;
+
+// `launch_rank_program DIR subprocess NPROC ARGS...`: a program that launches itself.
+Process run_program(const TempDir& dir, int nproc, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {program("launch_rank_program"), dir.path(), "subprocess",
+                                   std::to_string(nproc)};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return start(argv, dir.file("stderr"), {{"TMPDIR", dir.path()}});
+}
+
+std::vector<std::string> rank_files(const TempDir& dir, int nproc) {
+  std::vector<std::string> files;
+  for (int rank = 0; rank < nproc; ++rank) files.push_back(dir.file("rank." + std::to_string(rank)));
+  return files;
+}
+
+// The pids the ranks recorded (a rank terminated before recording it has none).
+std::vector<pid_t> rank_pids(const TempDir& dir, int nproc) {
+  std::vector<pid_t> pids;
+  for (const auto& file : rank_files(dir, nproc)) {
+    const auto vars = read_variables(file);
+    if (vars.count("PID") > 0) pids.push_back(static_cast<pid_t>(std::stol(vars.at("PID"))));
+  }
+  return pids;
+}
+
+class subprocess_launcher : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override { become_subreaper(); }
+};
+
+TEST_P(subprocess_launcher, ReexecutesTheProgramForEveryRank) {
+  const int nproc = GetParam();
+  TempDir dir;
+  const auto process = run_program(dir, nproc, {"grace=500", "--marker=42"});
+  ASSERT_EQ(wait_exit(process.pid, milliseconds(15000)), 0) << process.stderr_text();
+  std::set<std::string> ports, pids;
+  for (int rank = 0; rank < nproc; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const auto vars = read_variables(dir.file("rank." + std::to_string(rank)));
+    ASSERT_FALSE(vars.empty());
+    EXPECT_EQ(vars.at("RANK"), std::to_string(rank));
+    EXPECT_EQ(vars.at("LOCAL_RANK"), std::to_string(rank));
+    EXPECT_EQ(vars.at("WORLD_SIZE"), std::to_string(nproc));
+    EXPECT_EQ(vars.at("MASTER_ADDR"), "127.0.0.1");
+    EXPECT_EQ(vars.at("LAUNCHER"), "subprocess");
+    EXPECT_NE(vars.at("ARGS").find(" subprocess " + std::to_string(nproc) + " grace=500 --marker=42"),
+              std::string::npos)
+        << "the children get rank 0's argv: " << vars.at("ARGS");
+    if (rank == 0) {
+      EXPECT_EQ(vars.at("PID"), std::to_string(process.pid));
+    } else {
+      EXPECT_EQ(vars.at("PPID"), std::to_string(process.pid)) << "a child of rank 0";
+    }
+    ports.insert(vars.at("MASTER_PORT"));
+    pids.insert(vars.at("PID"));
+  }
+  EXPECT_EQ(ports.size(), 1u);
+  EXPECT_NE(*ports.begin(), "0");
+  EXPECT_EQ(pids.size(), static_cast<std::size_t>(nproc));
+  EXPECT_TRUE(all_gone_within(rank_pids(dir, nproc), milliseconds(1000)));
+}
+
+INSTANTIATE_TEST_SUITE_P(launch, subprocess_launcher, ::testing::Values(1, 2, 4));
+
+class subprocess_launcher_job : public ::testing::Test {
+ protected:
+  void SetUp() override { become_subreaper(); }
+};
+
+TEST_F(subprocess_launcher_job, FailedChildEndsTheWholeProcessWithItsCode) {
+  TempDir dir;
+  const auto started = Clock::now();
+  // Rank 0 would sleep 20 s; rank 1 fails at once.
+  const auto process = run_program(dir, 3, {"grace=1000", "fail=1:3", "sleep=0:20000", "sleep=2:20000"});
+  EXPECT_EQ(wait_exit(process.pid, milliseconds(10000)), 3) << process.stderr_text();
+  EXPECT_LT(elapsed_ms(started), 12000) << "rank 0 sleeps 20 s: it was not ended";
+  const std::string report = process.stderr_text();
+  EXPECT_NE(report.find("worker local_rank=1"), std::string::npos) << report;
+  EXPECT_NE(report.find("exited with code 3"), std::string::npos) << report;
+  EXPECT_NE(report.find("ending local rank 0"), std::string::npos) << report;
+  const auto pids = rank_pids(dir, 3);
+  EXPECT_TRUE(all_gone_within(pids, milliseconds(1000)));
+  kill_all(pids);
+}
+
+TEST_F(subprocess_launcher_job, RankZeroWaitsAtExitForSlowerChildren) {
+  TempDir dir;
+  const auto process = run_program(dir, 2, {"sleep=1:700", "exit_timeout=10000"});
+  EXPECT_EQ(wait_exit(process.pid, milliseconds(10000)), 0) << process.stderr_text();
+  EXPECT_TRUE(exists(dir.file("done.1"))) << "rank 1 finished after rank 0 returned from main";
+  EXPECT_TRUE(all_gone_within(rank_pids(dir, 2), milliseconds(1000)));
+}
+
+TEST_F(subprocess_launcher_job, ChildrenStillRunningAfterTheExitTimeoutAreTerminated) {
+  TempDir dir;
+  const auto started = Clock::now();
+  const auto process = run_program(dir, 2, {"sleep=1:30000", "exit_timeout=300", "grace=500"});
+  const auto code = wait_exit(process.pid, milliseconds(10000));
+  EXPECT_EQ(code, 128 + SIGTERM) << process.stderr_text();
+  EXPECT_LT(elapsed_ms(started), 15000) << "rank 1 sleeps 30 s: it was not terminated";
+  EXPECT_NE(process.stderr_text().find("still ran 300 ms later; terminating them"),
+            std::string::npos)
+      << process.stderr_text();
+  EXPECT_FALSE(exists(dir.file("done.1")));
+  const auto pids = rank_pids(dir, 2);
+  EXPECT_TRUE(all_gone_within(pids, milliseconds(1000)));
+  kill_all(pids);
+}
+
+TEST_F(subprocess_launcher_job, ChildrenDieWhenRankZeroIsKilled) {
+  TempDir dir;
+  const auto process = run_program(dir, 3, {"sleep=0:30000", "sleep=1:30000", "sleep=2:30000"});
+  ASSERT_TRUE(wait_for_files(rank_files(dir, 3), milliseconds(10000))) << process.stderr_text();
+  const auto pids = rank_pids(dir, 3);
+  ::kill(process.pid, SIGKILL);
+  EXPECT_EQ(wait_exit(process.pid, milliseconds(2000)), 128 + SIGKILL);
+  EXPECT_TRUE(all_gone_within(pids, milliseconds(2000)));
+  kill_all(pids);
+}
+
+TEST_F(subprocess_launcher_job, LaunchInAWorkerStartsNothing) {
+  // Under torchrun (or in our own children) the variables are set: launch() must not multiply.
+  TempDir dir;
+  const auto process = start({program("launch_rank_program"), dir.path(), "subprocess", "4"},
+                             dir.file("stderr"),
+                             {{"RANK", "5"}, {"GROUP_RANK", "1"}, {"LOCAL_RANK", "1"},
+                              {"LOCAL_WORLD_SIZE", "4"}, {"WORLD_SIZE", "8"}});
+  EXPECT_EQ(wait_exit(process.pid, milliseconds(10000)), 0) << process.stderr_text();
+  EXPECT_TRUE(exists(dir.file("rank.5")));
+  EXPECT_FALSE(exists(dir.file("rank.0")));
+  EXPECT_EQ(read_variables(dir.file("rank.5")).at("WORLD_SIZE"), "8");
+}
+
+TEST(subprocess_launcher_name, IsSubprocess) {
+  EXPECT_EQ(SubprocessLauncher().name(), "subprocess");
+}
+
+}  // namespace
+}  // namespace launchers
+}  // namespace lockstep
