@@ -6,6 +6,7 @@
 #include <lockstep/environments/cluster_environment.h>
 
 #include "../support/command.h"
+#include "../unit/launchers/process_support.h"
 
 namespace lockstep {
 namespace {
@@ -124,6 +125,29 @@ TEST(LockstepLaunch, TwoWorkersSeeOneJob) {
   }
   EXPECT_EQ(ranks, (std::set<int>{0, 1}));
   EXPECT_EQ(addresses.size(), 1u) << result.out;
+}
+
+TEST(LockstepLaunch, KillingOneWorkerTakesTheJobDown) {
+  testing::become_subreaper();  // so "gone" can be told from "zombie" for every worker
+  testing::TempDir dir;
+  auto launcher = testing::start({lockstep_bin, "launch", "--nproc-per-node", "3", "--grace-period", "2", "--",
+                                  testing::program("launch_worker"), dir.path(), "sleep=60000"},
+                                 dir.file("launcher.err"));
+  ASSERT_GT(launcher.pid, 0);
+  std::vector<std::string> pid_files;
+  for (int r = 0; r < 3; ++r) pid_files.push_back(dir.file("pid." + std::to_string(r)));
+  ASSERT_TRUE(testing::wait_for_files(pid_files, std::chrono::seconds(20))) << launcher.stderr_text();
+  std::vector<pid_t> pids;
+  for (const auto& f : pid_files) pids.push_back(testing::read_pid(f));
+  ::kill(pids[1], SIGKILL);
+  // The others sleep 60 s: only the launcher's supervision can end them within 10 s.
+  const auto code = testing::wait_exit(launcher.pid, std::chrono::seconds(10));
+  ASSERT_TRUE(code.has_value()) << "lockstep launch still ran 10 s after a worker died";
+  EXPECT_NE(*code, 0);
+  EXPECT_EQ(*code, 128 + SIGKILL) << "the exit code is the failing worker's";
+  EXPECT_TRUE(testing::all_gone_within(pids, std::chrono::seconds(5))) << "a worker outlived the job";
+  EXPECT_NE(launcher.stderr_text().find("local_rank=1"), std::string::npos) << launcher.stderr_text();
+  testing::kill_all(pids);
 }
 
 TEST(LockstepCommBench, ResultsAreCheckedAndReported) {

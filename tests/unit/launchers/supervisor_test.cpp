@@ -52,11 +52,12 @@ TEST_F(launch_supervisor, ReturnsTheFailingWorkersCodeAndTerminatesTheOthers) {
   shell(supervisor, 0, "exec sleep 30");
   shell(supervisor, 1, "sleep 0.2; exit 7");
   shell(supervisor, 2, "exec sleep 30");
-  const auto start = Clock::now();
   ::testing::internal::CaptureStderr();
   EXPECT_EQ(supervisor.wait(), 7);
   const std::string report = ::testing::internal::GetCapturedStderr();
-  EXPECT_LT(elapsed_ms(start), 1900) << "sleep 30 dies on SIGTERM: no need for the grace period";
+  // sleep 30 dies on SIGTERM: no SIGKILL was needed (no timing assertion: CI machines are loaded).
+  EXPECT_EQ(supervisor.workers()[0].exit_code, 128 + SIGTERM);
+  EXPECT_EQ(supervisor.workers()[2].exit_code, 128 + SIGTERM);
   EXPECT_NE(report.find("worker local_rank=1 (pid " + std::to_string(supervisor.workers()[1].pid) +
                         ") exited with code 7; terminating 2 other worker(s)"),
             std::string::npos)
@@ -86,8 +87,8 @@ TEST_F(launch_supervisor, SigkillAfterTheGracePeriodForWorkersIgnoringSigterm) {
   EXPECT_EQ(supervisor.wait(), 1);
   const std::string report = ::testing::internal::GetCapturedStderr();
   const long elapsed = elapsed_ms(start);
-  EXPECT_GE(elapsed, 900);
-  EXPECT_LT(elapsed, 3000);
+  EXPECT_GE(elapsed, 900) << "the SIGTERM-ignoring worker must get the whole grace period";
+  EXPECT_LT(elapsed, 20000) << "it loops forever: only SIGKILL ends it";
   EXPECT_NE(report.find("SIGKILL to 1 worker(s)"), std::string::npos) << report;
   EXPECT_EQ(supervisor.workers()[0].exit_code, 128 + SIGKILL);
   EXPECT_TRUE(all_gone_within(pids_of(supervisor), milliseconds(1000)));
@@ -99,10 +100,10 @@ TEST_F(launch_supervisor, WaitForTimesOutAndTerminateAllReapsEveryone) {
   shell(supervisor, 1, "exec sleep 30");
   EXPECT_FALSE(supervisor.wait_for(milliseconds(150)));
   EXPECT_EQ(supervisor.running(), 2);
-  const auto start = Clock::now();
   supervisor.terminate_all();
-  EXPECT_LT(elapsed_ms(start), 1000);
   EXPECT_EQ(supervisor.running(), 0);
+  EXPECT_EQ(supervisor.workers()[0].exit_code, 128 + SIGTERM);
+  EXPECT_EQ(supervisor.workers()[1].exit_code, 128 + SIGTERM);
   EXPECT_TRUE(all_gone_within(pids_of(supervisor), milliseconds(1000)));
 }
 
@@ -171,11 +172,9 @@ TEST_F(launch_supervisor, InterruptIsForwardedAndGivesItsCode) {
     supervisor.interrupt(SIGTERM);
   });
   ::testing::internal::CaptureStderr();
-  const auto start = Clock::now();
   EXPECT_EQ(supervisor.wait(), 128 + SIGTERM);
   interrupter.join();
   const std::string report = ::testing::internal::GetCapturedStderr();
-  EXPECT_LT(elapsed_ms(start), 1900);
   EXPECT_NE(report.find("forwarding it to 2 worker(s)"), std::string::npos) << report;
   EXPECT_TRUE(exists(dir.file("term.0")));
   EXPECT_TRUE(exists(dir.file("term.1")));

@@ -1,0 +1,96 @@
+#pragma once
+/// Strategy: how training is spread over processes and devices (Lightning Fabric's seam).
+/// Only the name is pure virtual; the defaults are those of one process on one device.
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <lockstep/core/batch.h>
+#include <lockstep/distributed/collectives.h>
+#include <lockstep/launchers/launcher.h>
+
+namespace lockstep {
+class TrainingModule;
+namespace environments {
+class ClusterEnvironment;
+}
+
+namespace strategies {
+
+/// What the connector resolved before the strategy starts.
+struct StrategyContext {
+  std::shared_ptr<environments::ClusterEnvironment> environment;
+  /// "cpu" or "cuda".
+  std::string accelerator = "cpu";
+  /// Processes per node (CPU) or the GPU ids of this node (CUDA).
+  int devices_per_node = 1;
+  std::vector<int> gpu_ids;
+  int num_nodes = 1;
+  std::string process_group_backend = "gloo";
+  double timeout_seconds = 1800;
+  bool sync_batchnorm = false;
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  /// The registered name ("single_device", "ddp", ...).
+  virtual std::string name() const = 0;
+  /// Called by the connector before anything else.
+  virtual void set_context(const StrategyContext& context) { context_ = context; }
+  const StrategyContext& context() const { return context_; }
+
+  /// The launcher that creates this node's processes, or null when none is needed (one process,
+  /// or a scheduler such as torchrun or srun started them).
+  virtual std::unique_ptr<launchers::Launcher> launcher() { return nullptr; }
+  /// After launching, in every process: join the process group.
+  virtual void setup_environment() {}
+  virtual torch::Device root_device() const { return torch::Device(torch::kCPU); }
+  virtual void module_to_device(torch::nn::Module& module) { module.to(root_device()); }
+  /// Wraps the module for training (DDP does it here); the module is already on its device.
+  virtual void setup_module(const std::shared_ptr<TrainingModule>& module) {}
+  virtual void teardown() {}
+
+  // One training step.
+  virtual torch::Tensor training_step(TrainingModule& module, Batch& batch, int64_t batch_idx);
+  virtual void backward(const torch::Tensor& loss) { loss.backward(); }
+  /// Whether the next backward synchronises gradients (false on accumulating batches).
+  virtual void set_gradient_sync(bool enabled) {}
+
+  // Ranks and collectives (trivial with one process).
+  virtual int world_size() const { return 1; }
+  virtual int global_rank() const { return 0; }
+  virtual int local_rank() const { return 0; }
+  virtual int node_rank() const { return 0; }
+  bool is_global_zero() const { return global_rank() == 0; }
+  virtual torch::Tensor all_reduce(torch::Tensor tensor, distributed::ReduceOp op = distributed::ReduceOp::mean) {
+    return tensor;
+  }
+  virtual std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor) { return {tensor}; }
+  virtual void barrier(const std::string& name) {}
+  virtual c10::IValue broadcast(const c10::IValue& value, int src = 0) { return value; }
+  virtual bool reduce_boolean_decision(bool decision, distributed::Decision rule = distributed::Decision::all) {
+    return decision;
+  }
+  /// num_replicas and rank for a DistributedSampler, or nullopt when data is not split.
+  virtual std::optional<std::pair<int, int>> distributed_sampler_kwargs() const { return std::nullopt; }
+
+ protected:
+  StrategyContext context_;
+};
+
+/// One process, one device: what `--strategy single_device` (and auto with one device) runs.
+class SingleDeviceStrategy : public Strategy {
+ public:
+  std::string name() const override { return "single_device"; }
+  torch::Device root_device() const override;
+};
+
+}  // namespace strategies
+}  // namespace lockstep
