@@ -1,0 +1,42 @@
+#pragma once
+/// Callback: code that runs at points of the Trainer's loops (checkpoints, early stopping,
+/// progress bars). Override only the hooks you need; each runs on every rank.
+
+#include <string>
+
+#include <ATen/core/ivalue.h>
+#include <torch/types.h>
+
+#include <lockstep/core/batch.h>
+
+namespace lockstep {
+
+class Trainer;
+class TrainingModule;
+
+class Callback {
+ public:
+  virtual ~Callback() = default;
+  /// Unique name, the key of this callback's state in checkpoints.
+  virtual std::string name() const = 0;
+
+  virtual void on_fit_start(Trainer& trainer, TrainingModule& module) {}
+  virtual void on_fit_end(Trainer& trainer, TrainingModule& module) {}
+  virtual void on_train_epoch_start(Trainer& trainer, TrainingModule& module) {}
+  /// After the epoch's training batches and its validation, with epoch metrics available.
+  virtual void on_train_epoch_end(Trainer& trainer, TrainingModule& module) {}
+  virtual void on_train_batch_end(Trainer& trainer, TrainingModule& module, const torch::Tensor& loss,
+                                  int64_t batch_idx) {}
+  virtual void on_validation_start(Trainer& trainer, TrainingModule& module) {}
+  virtual void on_validation_batch_end(Trainer& trainer, TrainingModule& module, int64_t batch_idx) {}
+  virtual void on_validation_end(Trainer& trainer, TrainingModule& module) {}
+  virtual void on_test_end(Trainer& trainer, TrainingModule& module) {}
+  /// Just before an optimizer step (gradients are synchronised and clipped).
+  virtual void on_before_optimizer_step(Trainer& trainer, TrainingModule& module) {}
+
+  /// State saved in checkpoints and restored on resume.
+  virtual c10::IValue state_dict() const { return c10::IValue(); }
+  virtual void load_state_dict(const c10::IValue& state) {}
+};
+
+}  // namespace lockstep

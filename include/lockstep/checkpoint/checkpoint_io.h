@@ -1,0 +1,63 @@
+#pragma once
+/// CheckpointIO: writes a checkpoint dict atomically in the zip format of Python's `torch.save`,
+/// and reads it back, with one clear error for a file that is missing, damaged or not a checkpoint.
+
+#include <string>
+#include <vector>
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/ivalue.h>
+
+namespace lockstep {
+namespace checkpoint {
+
+/// A checkpoint: string keys ("state_dict", "optimizer_states", "epoch", "global_step", ...) to
+/// any value an IValue holds (tensors, ints, doubles, strings, bools, None, lists, tuples, dicts).
+using Checkpoint = c10::impl::GenericDict;
+
+/// An empty checkpoint (a `Dict[str, Any]`), ready for `insert`.
+///   auto ckpt = make_checkpoint();
+///   ckpt.insert("state_dict", state_dict(*model));
+///   ckpt.insert("epoch", int64_t{3});
+Checkpoint make_checkpoint();
+
+/// Saves and loads checkpoint files (the analog of Lightning's `TorchCheckpointIO`). Override it
+/// to store checkpoints elsewhere; the Trainer calls only these three methods.
+///
+/// Format: the zip archive of `torch::pickle_save` (`archive/data.pkl` in pickle protocol 2, one
+/// stored record `archive/data/<N>` per tensor storage, `archive/version`), built from the same
+/// LibTorch parts but without TorchScript type tags, so the pickle holds only dicts, lists,
+/// tuples, scalars and `torch._utils._rebuild_tensor_v2` tensors. Python's `torch.load(path)`
+/// reads it as a plain dict, also with `weights_only=True` (the default from PyTorch 2.6; in
+/// 1.13 that mode still rejects any Python float). Loaded lists and dicts are generic (element
+/// type Any): read them with `toListRef()` and `toGenericDict()`, not `toIntVector()`.
+///
+///   CheckpointIO io;
+///   io.save(ckpt, "runs/version_0/checkpoints/last.ckpt");
+///   Checkpoint back = io.load("runs/version_0/checkpoints/last.ckpt");
+///   int64_t epoch = back.at("epoch").toInt();
+class CheckpointIO {
+ public:
+  virtual ~CheckpointIO() = default;
+
+  /// Writes `checkpoint` (a dict with string keys) to `path`, creating missing parent
+  /// directories. Atomic: the bytes go to `<path>.tmp.<pid>`, which is fsync'ed, renamed over
+  /// `path`, and the directory fsync'ed; on any failure the previous file at `path` is left as it
+  /// was, the temporary file is removed, and std::system_error says what failed.
+  virtual void save(const c10::IValue& checkpoint, const std::string& path) const;
+
+  /// Reads a checkpoint written by save(). The zip records' CRC32s are verified (LibTorch's
+  /// reader does not), so a damaged file is an error, not silently wrong weights. Throws
+  /// UsageError naming `path`, what is wrong with it and what to do, for a missing or unreadable
+  /// file, a truncated or corrupt one, and one that is not a checkpoint dict.
+  virtual Checkpoint load(const std::string& path) const;
+
+  /// Deletes the checkpoint at `path`; a missing file is not an error.
+  virtual void remove(const std::string& path) const;
+};
+
+/// Throws UsageError naming `path` and every key of `keys` that `checkpoint` lacks.
+void require_keys(const Checkpoint& checkpoint, const std::vector<std::string>& keys, const std::string& path);
+
+}  // namespace checkpoint
+}  // namespace lockstep

@@ -1,0 +1,41 @@
+#pragma once
+/// state_dict / load_state_dict for torch::nn::Module, with the keys and order of Python's
+/// `module.state_dict()`, so a checkpoint's weights load into the equivalent Python module.
+
+#include <string>
+#include <vector>
+
+#include <ATen/core/Dict.h>
+#include <torch/nn/module.h>
+
+namespace lockstep {
+namespace checkpoint {
+
+/// Parameters and buffers of `module` by dotted name ("fc1.weight", "bn.running_mean",
+/// "bn.num_batches_tracked"), in Python's order: a module's own parameters, then its own
+/// buffers, then each child's in registration order. Undefined tensors (a Linear without bias)
+/// are left out, as Python leaves out None. The tensors are detached and share storage with
+/// the module, like Python's.
+///   ckpt.insert("state_dict", state_dict(*model));
+c10::Dict<std::string, torch::Tensor> state_dict(const torch::nn::Module& module);
+
+/// Keys that load_state_dict could not match (only non-empty with strict=false).
+struct LoadStateDictResult {
+  std::vector<std::string> missing_keys;     ///< in the module, absent from the dict
+  std::vector<std::string> unexpected_keys;  ///< in the dict, absent from the module
+};
+
+/// Copies `state` (name -> tensor, e.g. `ckpt.at("state_dict").toGenericDict()`) into the
+/// module's parameters and buffers, without recording autograd history. Values are converted to
+/// each parameter's dtype and device, as Python's `load_state_dict` does. Throws UsageError
+/// listing every shape mismatch and non-tensor value; with strict=true (default) also every
+/// missing and unexpected key. Nothing is copied when it throws.
+LoadStateDictResult load_state_dict(torch::nn::Module& module, const c10::impl::GenericDict& state,
+                                    bool strict = true);
+
+/// Same, for the dict state_dict() returns.
+LoadStateDictResult load_state_dict(torch::nn::Module& module, const c10::Dict<std::string, torch::Tensor>& state,
+                                    bool strict = true);
+
+}  // namespace checkpoint
+}  // namespace lockstep

@@ -1,0 +1,274 @@
+#pragma once
+/// DistributedDataParallel: data-parallel training of a LibTorch module over a ProcessGroup, as
+/// torch.nn.parallel.DistributedDataParallel does in Python.
+
+#include <array>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+#include <c10/util/Optional.h>
+#include <c10/util/Type.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/ordered_dict.h>
+
+#include <lockstep/distributed/ddp_options.h>
+#include <lockstep/distributed/process_group.h>
+#include <lockstep/distributed/reducer.h>
+
+namespace lockstep {
+namespace distributed {
+
+class DistributedDataParallelBase;
+
+/// While alive, backward passes accumulate gradients locally without communication; the first
+/// synchronised backward after it reduces the accumulated sum (gradient accumulation).
+class NoSyncGuard {
+ public:
+  explicit NoSyncGuard(DistributedDataParallelBase& ddp);
+  ~NoSyncGuard();
+  NoSyncGuard(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+ private:
+  DistributedDataParallelBase& ddp_;
+  bool previous_;
+};
+
+/// The module-type-independent part of DistributedDataParallel. A wrapper that runs forward
+/// itself (a strategy, a module with a custom forward signature) calls prepare_forward() before
+/// the module's forward and finish_forward(outputs) after it:
+///
+///   ddp.prepare_forward();
+///   auto out = net->forward(x, y);
+///   ddp.finish_forward(out);  // tensors, or vectors / tuples / maps / IValues of them
+class DistributedDataParallelBase {
+ public:
+  /// Checks that every rank holds the same parameters (a collective; on mismatch every rank
+  /// throws DistributedError naming the first differing parameter and the ranks), broadcasts
+  /// rank 0's parameters and buffers, and hooks the parameters' gradients. `group` must outlive
+  /// this object.
+  DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module, ProcessGroup& group, DDPOptions options);
+  virtual ~DistributedDataParallelBase();
+  DistributedDataParallelBase(const DistributedDataParallelBase&) = delete;
+  DistributedDataParallelBase& operator=(const DistributedDataParallelBase&) = delete;
+
+  /// Before the module's forward: fails if the last backward did not finish its reduction,
+  /// rebuilds buckets once after the first step, broadcasts buffers (broadcast_buffers).
+  void prepare_forward();
+  /// After the module's forward, with its outputs: arms the reduction of the next backward
+  /// (unless under no_sync() or grad mode is off) and, with find_unused_parameters, finds the
+  /// parameters the outputs do not depend on.
+  template <typename Outputs>
+  void finish_forward(const Outputs& outputs);
+
+  /// Gradient accumulation without communication while the guard lives:
+  ///   { auto guard = ddp.no_sync(); ddp.forward(x1).sum().backward(); }
+  ///   ddp.forward(x2).sum().backward();  // reduces the sum of both micro-steps
+  NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+  /// False under no_sync().
+  bool require_backward_grad_sync() const { return require_backward_grad_sync_; }
+  void set_require_backward_grad_sync(bool sync) { require_backward_grad_sync_ = sync; }
+
+  /// The wrapped module, type-erased.
+  const std::shared_ptr<torch::nn::Module>& base_module() const { return module_; }
+  /// The module's parameters (for the optimizer).
+  std::vector<at::Tensor> parameters() const { return module_->parameters(); }
+  ProcessGroup& group() const { return group_; }
+  const DDPOptions& options() const { return options_; }
+  Reducer& reducer() { return *reducer_; }
+  /// Timeline of the last synchronised backward: bucket ready / launched / reduced times.
+  const ReducerTrace& last_trace() const { return reducer_->last_trace(); }
+
+ protected:
+  /// `outputs_type` names the forward's return type when `outputs` could not be found in it.
+  void finish_forward_tensors(const std::vector<at::Tensor>& outputs, bool outputs_known,
+                              const std::string& outputs_type);
+
+ private:
+  void verify_same_parameters();
+  void broadcast_state(const std::vector<at::Tensor>& tensors, const std::string& what);
+
+  std::shared_ptr<torch::nn::Module> module_;
+  ProcessGroup& group_;
+  DDPOptions options_;
+  std::vector<at::Tensor> buffers_;
+  std::unique_ptr<Reducer> reducer_;
+  bool require_backward_grad_sync_ = true;
+};
+
+/// Data-parallel training of a module of type `ModuleType` (the Impl class, e.g. `NetImpl`, or
+/// torch::nn::Module when only prepare_forward/finish_forward are used). forward() runs the
+/// module's own forward, with any arguments, and returns what it returns; backward and the
+/// optimizer step stay as in single-process code:
+///
+///   auto net = std::make_shared<NetImpl>();          // or a TORCH_MODULE holder `Net net;`
+///   DistributedDataParallel ddp(net, *group, DDPOptions().bucket_cap_mb(25));
+///   torch::optim::SGD opt(ddp.parameters(), 0.1);
+///   auto loss = torch::mse_loss(ddp.forward(x), y);  // or ddp(x)
+///   opt.zero_grad();
+///   loss.backward();                                 // gradients are averaged over the ranks here
+///   opt.step();
+///
+/// Defaults: see DDPOptions. Every rank must construct it, and run the same synchronised
+/// backward passes, in the same order.
+template <typename ModuleType>
+class DistributedDataParallel : public DistributedDataParallelBase {
+ public:
+  DistributedDataParallel(std::shared_ptr<ModuleType> module, ProcessGroup& group, DDPOptions options = {})
+      : DistributedDataParallelBase(module, group, std::move(options)), typed_(std::move(module)) {}
+  DistributedDataParallel(const torch::nn::ModuleHolder<ModuleType>& module, ProcessGroup& group,
+                          DDPOptions options = {})
+      : DistributedDataParallel(module.ptr(), group, std::move(options)) {}
+
+  /// The module's forward, with gradient reduction armed for the next backward.
+  template <typename... Args>
+  auto forward(Args&&... args) -> decltype(std::declval<ModuleType&>().forward(std::forward<Args>(args)...)) {
+    prepare_forward();
+    auto outputs = typed_->forward(std::forward<Args>(args)...);
+    finish_forward(outputs);
+    return outputs;
+  }
+  template <typename... Args>
+  auto operator()(Args&&... args) -> decltype(std::declval<ModuleType&>().forward(std::forward<Args>(args)...)) {
+    return forward(std::forward<Args>(args)...);
+  }
+
+  /// The wrapped module.
+  const std::shared_ptr<ModuleType>& module() const { return typed_; }
+
+ private:
+  std::shared_ptr<ModuleType> typed_;
+};
+
+template <typename ModuleType>
+DistributedDataParallel(std::shared_ptr<ModuleType>, ProcessGroup&, DDPOptions = {})
+    -> DistributedDataParallel<ModuleType>;
+template <typename ModuleType>
+DistributedDataParallel(torch::nn::ModuleHolder<ModuleType>, ProcessGroup&, DDPOptions = {})
+    -> DistributedDataParallel<ModuleType>;
+
+/// DistributedDataParallel on the heap, its module type deduced:
+///   auto ddp = make_ddp(net, *group);  auto out = ddp->forward(x);
+template <typename ModuleType>
+std::shared_ptr<DistributedDataParallel<ModuleType>> make_ddp(std::shared_ptr<ModuleType> module, ProcessGroup& group,
+                                                              DDPOptions options = {}) {
+  return std::make_shared<DistributedDataParallel<ModuleType>>(std::move(module), group, std::move(options));
+}
+template <typename ModuleType>
+std::shared_ptr<DistributedDataParallel<ModuleType>> make_ddp(const torch::nn::ModuleHolder<ModuleType>& module,
+                                                              ProcessGroup& group, DDPOptions options = {}) {
+  return make_ddp(module.ptr(), group, std::move(options));
+}
+
+namespace detail {
+
+// Finds the tensors in a forward's outputs: tensors, and vectors, arrays, tuples, pairs, maps,
+// optionals and IValues of them. `collect` returns false for a type it cannot look into.
+template <typename T, typename = void>
+struct OutputTensors {
+  static bool collect(const T&, std::vector<at::Tensor>&) { return false; }
+};
+template <>
+struct OutputTensors<at::Tensor> {
+  static bool collect(const at::Tensor& t, std::vector<at::Tensor>& out) {
+    out.push_back(t);
+    return true;
+  }
+};
+template <>
+struct OutputTensors<c10::IValue> {
+  static bool collect(const c10::IValue& v, std::vector<at::Tensor>& out) {
+    if (v.isTensor()) {
+      out.push_back(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorVector()) out.push_back(t);
+    } else if (v.isList()) {
+      for (const c10::IValue& e : v.toListRef()) collect(e, out);
+    } else if (v.isTuple()) {
+      for (const c10::IValue& e : v.toTupleRef().elements()) collect(e, out);
+    } else if (v.isGenericDict()) {
+      for (const auto& e : v.toGenericDict()) collect(e.value(), out);
+    }
+    return true;
+  }
+};
+template <typename T>
+struct OutputTensors<std::vector<T>> {
+  static bool collect(const std::vector<T>& v, std::vector<at::Tensor>& out) {
+    bool known = true;
+    for (const auto& e : v) known = OutputTensors<T>::collect(e, out) && known;
+    return known;
+  }
+};
+template <typename T, size_t N>
+struct OutputTensors<std::array<T, N>> {
+  static bool collect(const std::array<T, N>& v, std::vector<at::Tensor>& out) {
+    bool known = true;
+    for (const auto& e : v) known = OutputTensors<T>::collect(e, out) && known;
+    return known;
+  }
+};
+template <typename... T>
+struct OutputTensors<std::tuple<T...>> {
+  static bool collect(const std::tuple<T...>& v, std::vector<at::Tensor>& out) {
+    return std::apply([&](const auto&... e) { return (true && ... && OutputTensors<std::decay_t<decltype(e)>>::collect(e, out)); }, v);
+  }
+};
+template <typename A, typename B>
+struct OutputTensors<std::pair<A, B>> {
+  static bool collect(const std::pair<A, B>& v, std::vector<at::Tensor>& out) {
+    const bool a = OutputTensors<A>::collect(v.first, out);
+    return OutputTensors<B>::collect(v.second, out) && a;
+  }
+};
+template <typename K, typename V>
+struct OutputTensors<std::map<K, V>> {
+  static bool collect(const std::map<K, V>& v, std::vector<at::Tensor>& out) {
+    bool known = true;
+    for (const auto& e : v) known = OutputTensors<V>::collect(e.second, out) && known;
+    return known;
+  }
+};
+template <typename K, typename V>
+struct OutputTensors<std::unordered_map<K, V>> {
+  static bool collect(const std::unordered_map<K, V>& v, std::vector<at::Tensor>& out) {
+    bool known = true;
+    for (const auto& e : v) known = OutputTensors<V>::collect(e.second, out) && known;
+    return known;
+  }
+};
+template <typename K, typename V>
+struct OutputTensors<torch::OrderedDict<K, V>> {
+  static bool collect(const torch::OrderedDict<K, V>& v, std::vector<at::Tensor>& out) {
+    bool known = true;
+    for (const auto& e : v) known = OutputTensors<V>::collect(e.value(), out) && known;
+    return known;
+  }
+};
+template <typename T>
+struct OutputTensors<c10::optional<T>> {
+  static bool collect(const c10::optional<T>& v, std::vector<at::Tensor>& out) {
+    return !v || OutputTensors<T>::collect(*v, out);
+  }
+};
+
+}  // namespace detail
+
+template <typename Outputs>
+void DistributedDataParallelBase::finish_forward(const Outputs& outputs) {
+  std::vector<at::Tensor> tensors;
+  const bool known = detail::OutputTensors<std::decay_t<Outputs>>::collect(outputs, tensors);
+  finish_forward_tensors(tensors, known, known ? std::string() : c10::demangle_type<Outputs>());
+}
+
+}  // namespace distributed
+}  // namespace lockstep

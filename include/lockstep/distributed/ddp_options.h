@@ -1,0 +1,38 @@
+#pragma once
+/// Options for DistributedDataParallel.
+
+#include <torch/arg.h>
+
+#include <lockstep/distributed/comm_hooks.h>
+
+namespace lockstep {
+namespace distributed {
+
+/// How DistributedDataParallel buckets and reduces gradients; the defaults are PyTorch's.
+///
+///   DistributedDataParallel ddp(net, *group, DDPOptions().bucket_cap_mb(50).find_unused_parameters(true));
+struct DDPOptions {
+  /// Gradients are reduced in buckets of about this many MiB (a bucket closes once it reaches
+  /// the cap), so that communication starts while backward still runs. Default: 25.
+  TORCH_ARG(double, bucket_cap_mb) = 25;
+  /// Cap of the first bucket, small so that the first allreduce starts early. Default: 1.
+  TORCH_ARG(double, first_bucket_mb) = 1;
+  /// Find, after each forward, the parameters that did not take part (a forward that skips a
+  /// branch) and count them as ready with zero gradient. Costs a walk of the autograd graph per
+  /// step; when false, a parameter without gradient is an error. Default: false.
+  TORCH_ARG(bool, find_unused_parameters) = false;
+  /// Make each parameter's .grad() a view into its bucket, saving a copy and the memory of one
+  /// set of gradients. Default: false.
+  TORCH_ARG(bool, gradient_as_bucket_view) = false;
+  /// Broadcast rank 0's buffers (BatchNorm statistics, ...) before each forward. Default: true.
+  TORCH_ARG(bool, broadcast_buffers) = true;
+  /// The set of used parameters and the order of their gradients is the same every step: the
+  /// unused ones are found once, in the first step, and buckets follow the first step's order
+  /// even with unused parameters. Default: false.
+  TORCH_ARG(bool, static_graph) = false;
+  /// How a bucket is reduced. Default: allreduce_mean_hook().
+  TORCH_ARG(CommHook, comm_hook) = allreduce_mean_hook();
+};
+
+}  // namespace distributed
+}  // namespace lockstep

@@ -1,0 +1,142 @@
+#pragma once
+/// The reducer: DistributedDataParallel's gradient engine. It groups parameters into buckets,
+/// hooks each parameter's gradient accumulator, launches a bucket's reduction as soon as its last
+/// gradient arrives (while backward still runs), and at the end of backward waits for the
+/// buckets and writes the averaged gradients back.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+#include <lockstep/distributed/comm_hooks.h>
+#include <lockstep/distributed/ddp_options.h>
+#include <lockstep/distributed/process_group.h>
+
+namespace torch {
+namespace autograd {
+struct Node;
+}  // namespace autograd
+}  // namespace torch
+
+namespace lockstep {
+namespace distributed {
+
+/// When one bucket's gradients were ready, its reduction launched and finished, measured from
+/// the first gradient of the backward pass.
+struct BucketTrace {
+  size_t index = 0;
+  size_t parameters = 0;
+  int64_t bytes = 0;
+  /// Its last gradient arrived.
+  std::chrono::nanoseconds ready{0};
+  /// Its comm hook was called (at `ready`, or later if an earlier bucket was not ready yet).
+  std::chrono::nanoseconds launched{0};
+  /// Its communication completed (on the communication thread).
+  std::chrono::nanoseconds reduced{0};
+};
+
+/// The timeline of one synchronised backward pass, for overlap measurements: a bucket that was
+/// launched before `backward_end` overlapped with backward.
+struct ReducerTrace {
+  /// Count of synchronised backward passes so far, this one included (1 for the first).
+  int64_t step = 0;
+  /// When the first gradient arrived (the zero of the other times).
+  std::chrono::steady_clock::time_point backward_start;
+  /// When autograd finished backward and the reducer started waiting.
+  std::chrono::nanoseconds backward_end{0};
+  /// When the gradients were written back.
+  std::chrono::nanoseconds finished{0};
+  std::vector<BucketTrace> buckets;
+};
+
+/// Reduces the gradients of `parameters` across `group` in every backward pass that follows a
+/// prepare_for_backward(). DistributedDataParallel owns one; use it directly only to build
+/// another wrapper. `group` must outlive the reducer.
+class Reducer {
+ public:
+  /// `parameters` are leaves that require grad, with their names for messages.
+  Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> names, ProcessGroup& group,
+          DDPOptions options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  /// Call before each forward: fails if the previous backward's reduction did not finish, and,
+  /// once after the first synchronised step, rebuilds the buckets in the order gradients
+  /// arrived (rank 0's order, broadcast; a collective).
+  void prepare_for_forward();
+  /// Call after each forward with its outputs. If `sync` (and grad mode is on), the next
+  /// backward reduces the gradients; otherwise they only accumulate locally.
+  void prepare_for_backward(const std::vector<at::Tensor>& outputs, bool sync);
+
+  /// The timeline of the last synchronised backward.
+  const ReducerTrace& last_trace() const { return trace_; }
+  /// The buckets as indices into the parameters, in launch order.
+  std::vector<std::vector<size_t>> bucket_indices() const;
+  /// The bucket buffers (for tests: with gradient_as_bucket_view, grads are views into them).
+  std::vector<at::Tensor> bucket_buffers() const;
+  /// Parameters found unused by the last prepare_for_backward (find_unused_parameters).
+  std::vector<std::string> unused_parameter_names() const;
+  const std::vector<std::string>& parameter_names() const { return names_; }
+
+ private:
+  struct Bucket;
+
+  void build_buckets(const std::vector<std::vector<size_t>>& assignment);
+  void autograd_hook(size_t index);
+  void start_backward();
+  void mark_ready(size_t index);
+  void copy_grad_to_bucket(size_t index, const at::Tensor& view);
+  void launch_ready_buckets();
+  void launch(size_t bucket);
+  void finalize_backward();
+  void write_back();
+  void rebuild_buckets();
+  void find_unused(const std::vector<at::Tensor>& outputs);
+  std::string bucket_name(size_t bucket) const;
+  [[noreturn]] void fail(const std::string& message);
+  std::chrono::nanoseconds since_start() const;
+
+  std::vector<at::Tensor> params_;
+  std::vector<std::string> names_;
+  ProcessGroup& group_;
+  DDPOptions options_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<uintptr_t> hook_keys_;
+
+  std::vector<Bucket> buckets_;
+  std::vector<std::pair<size_t, size_t>> locator_;  // parameter -> (bucket, slot)
+
+  mutable std::mutex mutex_;
+  bool expect_hooks_ = false;
+  bool backward_started_ = false;
+  std::vector<bool> ready_;
+  size_t next_to_launch_ = 0;
+  std::string failure_;
+
+  // find_unused_parameters / static_graph
+  bool track_usage_ = false;           // this iteration allreduces the usage map
+  std::vector<size_t> unused_;         // locally unused this iteration
+  at::Tensor local_used_;              // int32 per parameter
+  c10::intrusive_ptr<c10d::Work> used_work_;
+  at::Tensor global_used_;             // after the usage allreduce; undefined: all used
+  bool static_usage_known_ = false;
+
+  // Rebuilding buckets from the arrival order of the first step.
+  std::vector<size_t> arrival_order_;
+  bool rebuild_pending_ = false;
+  bool has_rebuilt_ = false;
+
+  int64_t steps_ = 0;
+  ReducerTrace trace_;
+};
+
+}  // namespace distributed
+}  // namespace lockstep

@@ -1,0 +1,38 @@
+#pragma once
+/// The connector (seed: Lightning's AcceleratorConnector): turns TrainerOptions and the process
+/// environment into one plan, as a short ordered list of decisions. Bad or contradictory
+/// settings are UsageErrors naming the fix.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <lockstep/environments/cluster_environment.h>
+#include <lockstep/strategies/strategy.h>
+#include <lockstep/trainer/trainer_options.h>
+
+namespace lockstep {
+
+/// Everything the Trainer runs with.
+struct ExecutionPlan {
+  std::shared_ptr<environments::ClusterEnvironment> environment;
+  std::string accelerator;             ///< "cpu" or "cuda"
+  int devices_per_node = 1;            ///< processes on this node
+  std::vector<int> gpu_ids;            ///< cuda only
+  int num_nodes = 1;
+  std::string precision = "32-true";   ///< normalised: 32-true, 64-true, bf16-mixed, 16-mixed
+  std::string process_group_backend;   ///< gloo, nccl or mpi
+  std::shared_ptr<strategies::Strategy> strategy;
+};
+
+/// Resolves the plan in order: environment, accelerator, devices, the scheduler's consistency,
+/// precision, backend, strategy. `strategy` overrides options.strategy() when given (a Strategy
+/// object, as Lightning's Trainer(strategy=DDPStrategy(...))). `cuda_device_count` is injected
+/// for tests.
+ExecutionPlan resolve_plan(const TrainerOptions& options, const environments::Environ& environ,
+                           std::shared_ptr<strategies::Strategy> strategy = nullptr, int cuda_device_count = 0);
+
+/// "32", "32-true" -> "32-true"; "bf16" -> "bf16-mixed"; ... ; a UsageError for others.
+std::string normalise_precision(const std::string& precision, const std::string& accelerator);
+
+}  // namespace lockstep

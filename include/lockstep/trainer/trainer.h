@@ -1,0 +1,134 @@
+#pragma once
+/// Trainer: runs a TrainingModule's fit, validate, test and predict loops on one process or many,
+/// as Lightning's Trainer does.
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <lockstep/callbacks/callback.h>
+#include <lockstep/core/data_loader.h>
+#include <lockstep/core/training_module.h>
+#include <lockstep/strategies/strategy.h>
+#include <lockstep/trainer/connector.h>
+#include <lockstep/trainer/metrics.h>
+#include <lockstep/trainer/trainer_options.h>
+
+namespace lockstep {
+
+namespace loggers {
+class Logger;
+}
+using loggers::Logger;
+
+/// Loaders for each stage; the Trainer puts a DistributedSampler on them under DDP (unless a
+/// loader has a sampler already or use_distributed_sampler is false).
+class DataModule {
+ public:
+  virtual ~DataModule() = default;
+  virtual std::shared_ptr<DataLoader> train_dataloader() = 0;
+  virtual std::shared_ptr<DataLoader> val_dataloader() { return nullptr; }
+  virtual std::shared_ptr<DataLoader> test_dataloader() { return nullptr; }
+  virtual std::shared_ptr<DataLoader> predict_dataloader() { return nullptr; }
+};
+
+///   lockstep::TrainerOptions options;                 // or parsed from flags, see cli/
+///   lockstep::Trainer trainer(options.devices("2").max_epochs(3));
+///   trainer.fit(model, train_loader, val_loader);     // launches rank 1 and trains on both
+class Trainer {
+ public:
+  explicit Trainer(TrainerOptions options = {});
+  ~Trainer();
+
+  /// A Strategy object instead of the --strategy name (e.g. a DDPStrategy subclass).
+  void set_strategy(std::shared_ptr<strategies::Strategy> strategy) { user_strategy_ = std::move(strategy); }
+  void add_callback(std::shared_ptr<Callback> callback) { callbacks_.push_back(std::move(callback)); }
+  /// Replaces the default CSV logger; call once per logger.
+  void add_logger(std::shared_ptr<Logger> logger);
+
+  void fit(const std::shared_ptr<TrainingModule>& module, const std::shared_ptr<DataLoader>& train,
+           const std::shared_ptr<DataLoader>& val = nullptr);
+  void fit(const std::shared_ptr<TrainingModule>& module, DataModule& data);
+  /// One pass over `loader` in evaluation mode; returns the epoch metrics.
+  std::map<std::string, double> validate(const std::shared_ptr<TrainingModule>& module,
+                                         const std::shared_ptr<DataLoader>& loader);
+  std::map<std::string, double> test(const std::shared_ptr<TrainingModule>& module,
+                                     const std::shared_ptr<DataLoader>& loader);
+  /// predict_step outputs of this rank's batches.
+  std::vector<torch::Tensor> predict(const std::shared_ptr<TrainingModule>& module,
+                                     const std::shared_ptr<DataLoader>& loader);
+
+  // State, as Lightning's trainer.* attributes.
+  const TrainerOptions& options() const { return options_; }
+  int64_t current_epoch() const { return current_epoch_; }
+  int64_t global_step() const { return global_step_; }
+  bool sanity_checking() const { return sanity_checking_; }
+  /// Set by a callback (EarlyStopping) to end fit after the current epoch; all ranks agree.
+  void request_stop() { should_stop_ = true; }
+  bool should_stop() const { return should_stop_; }
+  strategies::Strategy& strategy();
+  bool is_global_zero();
+  /// Latest step metrics and epoch metrics, by logged name (what callbacks monitor).
+  const std::map<std::string, double>& callback_metrics() const { return callback_metrics_; }
+  std::map<std::string, double> progress_bar_metrics() const;
+  /// Number of training batches per epoch after limit_train_batches (known once fit started).
+  int64_t num_training_batches() const { return num_training_batches_; }
+  int64_t num_val_batches() const { return num_val_batches_; }
+  const std::vector<std::shared_ptr<Logger>>& loggers() const { return loggers_; }
+  /// The first logger's directory (e.g. ./lockstep_logs/version_0), where checkpoints go by default.
+  std::string log_dir() const;
+  const std::vector<std::shared_ptr<Callback>>& callbacks() const { return callbacks_; }
+  TrainingModule* module() const { return module_.get(); }
+  const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers() const { return optimizer_config_.optimizers; }
+  const std::vector<SchedulerConfig>& lr_schedulers() const { return optimizer_config_.schedulers; }
+
+  /// Writes a checkpoint of the whole training state (rank 0 writes; every rank must call).
+  void save_checkpoint(const std::string& path);
+  /// The checkpoint dictionary itself (what save_checkpoint writes).
+  c10::impl::GenericDict checkpoint_state() const;
+
+  // Called by TrainingModule.
+  void log(const std::string& name, double value, const LogOptions& options);
+  void manual_backward(const torch::Tensor& loss);
+
+ private:
+  void setup(const std::shared_ptr<TrainingModule>& module);
+  void attach_sampler(DataLoader& loader, bool shuffle);
+  void restore(const std::string& ckpt_path);
+  void run_training_epoch(DataLoader& train, DataLoader* val);
+  std::map<std::string, double> run_evaluation(DataLoader& loader, Phase phase, int64_t max_batches);
+  void optimizer_step();
+  void emit_step_metrics(bool force);
+  void emit(const std::map<std::string, double>& metrics);
+  torch::Tensor run_step(const std::function<torch::Tensor()>& step);
+  void print_fit_end(double seconds);
+  template <typename Fn>
+  void each_callback(Fn&& fn);
+
+  TrainerOptions options_;
+  std::shared_ptr<strategies::Strategy> user_strategy_;
+  std::vector<std::shared_ptr<Callback>> callbacks_;
+  std::vector<std::shared_ptr<Logger>> loggers_;
+  bool loggers_set_by_user_ = false;
+  std::string log_dir_;
+
+  ExecutionPlan plan_;
+  bool set_up_ = false;
+  std::shared_ptr<TrainingModule> module_;
+  OptimizerConfig optimizer_config_;
+  MetricCollection metrics_;
+  std::map<std::string, double> callback_metrics_;
+  int64_t current_epoch_ = 0;
+  int64_t global_step_ = 0;
+  int64_t num_training_batches_ = 0;
+  int64_t num_val_batches_ = 0;
+  bool should_stop_ = false;
+  bool sanity_checking_ = false;
+  bool epoch_completed_ = false;
+  int64_t scheduler_epoch_steps_ = 0;
+  int64_t scheduler_step_steps_ = 0;
+};
+
+}  // namespace lockstep

@@ -1,0 +1,89 @@
+#include <lockstep/checkpoint/state_dict.h>
+
+#include <torch/torch.h>
+
+#include <lockstep/core/usage_error.h>
+
+namespace lockstep {
+namespace checkpoint {
+namespace {
+
+void collect(const torch::nn::Module& module, const std::string& prefix, c10::Dict<std::string, torch::Tensor>& out) {
+  for (const auto& item : module.named_parameters(/*recurse=*/false)) {
+    if (item.value().defined()) out.insert(prefix + item.key(), item.value().detach());
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/false)) {
+    if (item.value().defined()) out.insert(prefix + item.key(), item.value().detach());
+  }
+  for (const auto& child : module.named_children()) collect(*child.value(), prefix + child.key() + ".", out);
+}
+
+std::string shape(const torch::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+std::string list(const std::vector<std::string>& items) {
+  constexpr size_t kShown = 8;
+  std::string s;
+  for (size_t i = 0; i < items.size() && i < kShown; ++i) s += (i ? ", " : "") + items[i];
+  if (items.size() > kShown) s += ", ... (" + std::to_string(items.size() - kShown) + " more)";
+  return s;
+}
+
+}  // namespace
+
+c10::Dict<std::string, torch::Tensor> state_dict(const torch::nn::Module& module) {
+  c10::Dict<std::string, torch::Tensor> out;
+  collect(module, "", out);
+  return out;
+}
+
+LoadStateDictResult load_state_dict(torch::nn::Module& module, const c10::impl::GenericDict& state, bool strict) {
+  const auto targets = state_dict(module);
+  LoadStateDictResult result;
+  std::vector<std::string> problems;
+  for (const auto& entry : state) {
+    const std::string key = entry.key().isString() ? entry.key().toStringRef() : "<" + entry.key().type()->str() + " key>";
+    if (!entry.key().isString() || !targets.contains(key)) {
+      result.unexpected_keys.push_back(key);
+      continue;
+    }
+    if (!entry.value().isTensor()) {
+      problems.push_back(key + " holds a " + entry.value().type()->str() + ", not a tensor");
+      continue;
+    }
+    const torch::Tensor source = entry.value().toTensor();
+    const torch::Tensor target = targets.at(key);
+    if (source.sizes() != target.sizes()) {
+      problems.push_back("size mismatch for " + key + ": the checkpoint has " + shape(source) + ", the model " +
+                         shape(target));
+    }
+  }
+  for (const auto& entry : targets) {
+    if (!state.contains(entry.key())) result.missing_keys.push_back(entry.key());
+  }
+  if (strict && !result.missing_keys.empty()) problems.push_back("missing keys: " + list(result.missing_keys));
+  if (strict && !result.unexpected_keys.empty()) problems.push_back("unexpected keys: " + list(result.unexpected_keys));
+  if (!problems.empty()) {
+    std::string message = "the state_dict does not match the model (";
+    for (size_t i = 0; i < problems.size(); ++i) message += (i ? "; " : "") + problems[i];
+    throw UsageError(message +
+                     "). It was saved from a different model: load a checkpoint of this model, build the model "
+                     "with the same layers and names, or pass strict=false to skip missing and unexpected keys.");
+  }
+  torch::NoGradGuard no_grad;
+  for (const auto& entry : targets) {
+    if (state.contains(entry.key())) entry.value().copy_(state.at(entry.key()).toTensor());
+  }
+  return result;
+}
+
+LoadStateDictResult load_state_dict(torch::nn::Module& module, const c10::Dict<std::string, torch::Tensor>& state,
+                                    bool strict) {
+  return load_state_dict(module, c10::impl::toGenericDict(state), strict);
+}
+
+}  // namespace checkpoint
+}  // namespace lockstep

@@ -1,0 +1,147 @@
+#include <lockstep/distributed/ddp.h>
+
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <unordered_set>
+
+#include <torch/torch.h>
+
+#include <lockstep/distributed/collectives.h>
+
+namespace lockstep {
+namespace distributed {
+namespace {
+
+// One line per parameter, "name dtype [sizes] grad|nograd": what every rank must agree on.
+std::string describe_parameter(const std::string& name, const at::Tensor& p) {
+  std::ostringstream out;
+  out << name << ' ' << c10::toString(p.scalar_type()) << ' ' << p.sizes() << (p.requires_grad() ? "" : " (no grad)");
+  return out.str();
+}
+
+std::vector<std::string> split_lines(const at::Tensor& bytes) {
+  const std::string text(reinterpret_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()));
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+std::string parameter_at(const std::vector<std::string>& lines, size_t k) {
+  return k < lines.size() ? "'" + lines[k] + "'" : "no parameter";
+}
+
+}  // namespace
+
+NoSyncGuard::NoSyncGuard(DistributedDataParallelBase& ddp) : ddp_(ddp), previous_(ddp.require_backward_grad_sync()) {
+  ddp_.set_require_backward_grad_sync(false);
+}
+
+NoSyncGuard::~NoSyncGuard() { ddp_.set_require_backward_grad_sync(previous_); }
+
+DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module, ProcessGroup& group,
+                                                         DDPOptions options)
+    : module_(std::move(module)), group_(group), options_(std::move(options)) {
+  if (!module_) throw std::invalid_argument("DistributedDataParallel: the module is null.");
+  if (options_.bucket_cap_mb() <= 0 || options_.first_bucket_mb() <= 0) {
+    throw std::invalid_argument("DDPOptions: bucket_cap_mb and first_bucket_mb must be positive (given " +
+                                std::to_string(options_.bucket_cap_mb()) + " and " +
+                                std::to_string(options_.first_bucket_mb()) + ").");
+  }
+  verify_same_parameters();
+  // Shared parameters appear once.
+  std::unordered_set<const void*> seen;
+  std::vector<at::Tensor> all_params, reduced;
+  std::vector<std::string> reduced_names;
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
+    all_params.push_back(item.value());
+    if (!item.value().requires_grad()) continue;
+    reduced.push_back(item.value());
+    reduced_names.push_back(item.key());
+  }
+  for (const auto& buffer : module_->buffers(/*recurse=*/true)) {
+    if (buffer.defined()) buffers_.push_back(buffer);
+  }
+  broadcast_state(all_params, "parameters");
+  broadcast_state(buffers_, "buffers");
+  reducer_ = std::make_unique<Reducer>(std::move(reduced), std::move(reduced_names), group_, options_);
+}
+
+DistributedDataParallelBase::~DistributedDataParallelBase() = default;
+
+void DistributedDataParallelBase::verify_same_parameters() {
+  std::string mine;
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    mine += describe_parameter(item.key(), item.value()) + "\n";
+  }
+  auto bytes = torch::empty({static_cast<int64_t>(mine.size())}, torch::kUInt8);
+  std::memcpy(bytes.data_ptr(), mine.data(), mine.size());
+  const auto gathered = all_gather(group_, bytes, CollectiveOptions().tag("DDP parameter check"));
+  std::vector<std::vector<std::string>> ranks;
+  for (const auto& part : gathered) ranks.push_back(split_lines(part));
+  // The first parameter position where some rank differs from rank 0.
+  size_t first = SIZE_MAX;
+  int other = -1;
+  for (size_t r = 1; r < ranks.size(); ++r) {
+    const size_t n = std::max(ranks[0].size(), ranks[r].size());
+    for (size_t k = 0; k < n && k < first; ++k) {
+      if (k >= ranks[0].size() || k >= ranks[r].size() || ranks[0][k] != ranks[r][k]) {
+        first = k;
+        other = static_cast<int>(r);
+      }
+    }
+  }
+  if (other < 0) return;
+  std::string differing;
+  for (size_t r = 1; r < ranks.size(); ++r) {
+    if (ranks[r] != ranks[0]) differing += (differing.empty() ? "" : ", ") + std::to_string(r);
+  }
+  std::ostringstream msg;
+  msg << group_.describe() << ": DistributedDataParallel needs the same parameters on every rank, but rank(s) "
+      << differing << " differ from rank 0. First difference, parameter #" << first << ": rank 0 has "
+      << parameter_at(ranks[0], first) << ", rank " << other << " has " << parameter_at(ranks[other], first)
+      << " (rank 0 has " << ranks[0].size() << " parameters, rank " << other << " has " << ranks[other].size()
+      << "). Build the same model (same layers, sizes and dtypes) on every rank before wrapping it.";
+  throw DistributedError(msg.str());
+}
+
+void DistributedDataParallelBase::broadcast_state(const std::vector<at::Tensor>& tensors, const std::string& what) {
+  if (tensors.empty() || group_.world_size() == 1) return;
+  torch::NoGradGuard no_grad;
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
+  for (const auto& t : tensors) by_dtype[t.scalar_type()].push_back(t);
+  for (auto& entry : by_dtype) {
+    std::vector<at::Tensor> flat;
+    for (const auto& t : entry.second) flat.push_back(t.reshape({-1}));
+    auto packed = torch::cat(flat);
+    broadcast_tensor(group_, packed, 0, CollectiveOptions().tag("DDP " + what + " from rank 0"));
+    int64_t offset = 0;
+    for (auto& t : entry.second) {
+      t.copy_(packed.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+}
+
+void DistributedDataParallelBase::prepare_forward() {
+  reducer_->prepare_for_forward();
+  if (options_.broadcast_buffers()) broadcast_state(buffers_, "buffers");
+}
+
+void DistributedDataParallelBase::finish_forward_tensors(const std::vector<at::Tensor>& outputs, bool outputs_known,
+                                                         const std::string& outputs_type) {
+  const bool needs_outputs = options_.find_unused_parameters() || options_.static_graph();
+  if (require_backward_grad_sync_ && needs_outputs && !outputs_known && at::GradMode::is_enabled()) {
+    throw std::invalid_argument(
+        "DistributedDataParallel with find_unused_parameters or static_graph needs the tensors that forward "
+        "returns, but cannot look into a " + outputs_type +
+        ". Call ddp.prepare_forward(), then the module's forward, then "
+        "ddp.finish_forward(std::vector<at::Tensor>{...its output tensors...}).");
+  }
+  reducer_->prepare_for_backward(outputs, require_backward_grad_sync_);
+}
+
+}  // namespace distributed
+}  // namespace lockstep

@@ -1,0 +1,115 @@
+#include <lockstep/trainer/connector.h>
+
+#include <map>
+
+#include <lockstep/accelerators/device_parser.h>
+#include <lockstep/core/usage_error.h>
+#include <lockstep/distributed/process_group.h>
+#include <lockstep/strategies/registry.h>
+
+namespace lockstep {
+namespace {
+
+// Strategy names from Lightning and PyTorch that have no place here, and what to use instead.
+const std::map<std::string, std::string>& not_available() {
+  static const std::map<std::string, std::string> names{
+      {"dp", "DataParallel splits one process's batch over several CUDA devices; on CPU, and with "
+             "LibTorch, one process per device is faster. Use --strategy ddp"},
+      {"ddp2", "ddp2 was removed from Lightning 1.7. Use --strategy ddp"},
+      {"ddp_spawn", "spawning needs Python's multiprocessing. Use --strategy ddp (re-executes the program) "
+                    "or ddp_fork"},
+      {"horovod", "Horovod is not in Debian's LibTorch. Use --strategy ddp"},
+      {"deepspeed", "DeepSpeed is a Python library. Use --strategy ddp"},
+      {"fsdp", "FSDP is not in LibTorch 1.13's C++ frontend. Use --strategy ddp"},
+      {"xla", "XLA has no C++ frontend in LibTorch. Use --strategy ddp"},
+  };
+  return names;
+}
+
+int devices_for(const TrainerOptions& o, const environments::ClusterEnvironment& env, const std::string& accelerator,
+                int cuda_count, std::vector<int>& gpu_ids) {
+  if (accelerator == "cuda") {
+    gpu_ids = accelerators::parse_gpu_ids(o.devices(), cuda_count);
+    return static_cast<int>(gpu_ids.size());
+  }
+  // Under a scheduler, "auto" means the processes it started on each node.
+  if (o.devices() == "auto" && env.creates_processes_externally() && env.world_size() % o.num_nodes() == 0) {
+    return env.world_size() / o.num_nodes();
+  }
+  return accelerators::parse_cpu_devices(o.devices());
+}
+
+std::shared_ptr<strategies::Strategy> strategy_for(const TrainerOptions& o, int processes) {
+  const std::string name = o.strategy() == "auto" ? (processes > 1 ? "ddp" : "single_device") : o.strategy();
+  const auto reason = not_available().find(name);
+  if (reason != not_available().end()) {
+    throw UsageError("--strategy " + name + " is not available in Lockstep: " + reason->second + ".");
+  }
+  if (name == "single_device" && processes > 1) {
+    throw UsageError("--strategy single_device runs one process, but --devices " + o.devices() + " --num-nodes " +
+                     std::to_string(o.num_nodes()) + " asks for " + std::to_string(processes) +
+                     ". Use --strategy ddp, or --devices 1.");
+  }
+  return strategies::create_strategy(name);
+}
+
+}  // namespace
+
+std::string normalise_precision(const std::string& precision, const std::string& accelerator) {
+  static const std::map<std::string, std::string> aliases{
+      {"32", "32-true"},       {"32-true", "32-true"}, {"64", "64-true"},       {"64-true", "64-true"},
+      {"bf16", "bf16-mixed"},  {"bf16-mixed", "bf16-mixed"}, {"16", "16-mixed"}, {"16-mixed", "16-mixed"}};
+  const auto it = aliases.find(precision);
+  if (it == aliases.end()) {
+    throw UsageError("--precision '" + precision + "' is unknown. Use 32-true, 64-true, bf16-mixed or 16-mixed.");
+  }
+  if (it->second == "16-mixed" && accelerator != "cuda") {
+    throw UsageError("--precision " + precision + " needs CUDA (float16 autocast); on CPU use --precision bf16-mixed "
+                     "or 32-true.");
+  }
+  return it->second;
+}
+
+ExecutionPlan resolve_plan(const TrainerOptions& o, const environments::Environ& environ,
+                           std::shared_ptr<strategies::Strategy> strategy, int cuda_count) {
+  ExecutionPlan plan;
+  plan.environment = environments::detect_environment(environ);
+  plan.accelerator = accelerators::parse_accelerator(o.accelerator(), cuda_count);
+  if (o.num_nodes() < 1) {
+    throw UsageError("--num-nodes " + std::to_string(o.num_nodes()) + " is not a node count: use 1 or more.");
+  }
+  plan.num_nodes = o.num_nodes();
+  plan.devices_per_node = devices_for(o, *plan.environment, plan.accelerator, cuda_count, plan.gpu_ids);
+  if (plan.environment->creates_processes_externally()) {
+    plan.environment->validate_settings(plan.devices_per_node, plan.num_nodes);
+  } else if (plan.num_nodes > 1) {
+    throw UsageError("--num-nodes " + std::to_string(plan.num_nodes) + " but no scheduler started this process: "
+                     "start one process per node with `lockstep launch --nnodes " + std::to_string(plan.num_nodes) +
+                     " ...`, torchrun, srun or mpirun.");
+  }
+  plan.precision = normalise_precision(o.precision(), plan.accelerator);
+  plan.process_group_backend =
+      o.process_group_backend().empty() ? (plan.accelerator == "cuda" ? "nccl" : "gloo") : o.process_group_backend();
+  const auto backends = distributed::available_backends();
+  if (std::find(backends.begin(), backends.end(), plan.process_group_backend) == backends.end()) {
+    throw UsageError("--process-group-backend " + plan.process_group_backend +
+                     " is not in this LibTorch (it has: gloo). Use --process-group-backend gloo.");
+  }
+  if (o.accumulate_grad_batches() < 1) {
+    throw UsageError("--accumulate-grad-batches " + std::to_string(o.accumulate_grad_batches()) + ": use 1 or more.");
+  }
+  plan.strategy = strategy ? std::move(strategy) : strategy_for(o, plan.devices_per_node * plan.num_nodes);
+  strategies::StrategyContext context;
+  context.environment = plan.environment;
+  context.accelerator = plan.accelerator;
+  context.devices_per_node = plan.devices_per_node;
+  context.gpu_ids = plan.gpu_ids;
+  context.num_nodes = plan.num_nodes;
+  context.process_group_backend = plan.process_group_backend;
+  context.timeout_seconds = o.timeout();
+  context.sync_batchnorm = o.sync_batchnorm();
+  plan.strategy->set_context(context);
+  return plan;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,465 @@
+#include <lockstep/trainer/trainer.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <limits>
+
+#include <ATen/autocast_mode.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <lockstep/accelerators/device_parser.h>
+#include <lockstep/checkpoint/checkpoint_io.h>
+#include <lockstep/checkpoint/optimizer_state.h>
+#include <lockstep/checkpoint/state_dict.h>
+#include <lockstep/core/blas.h>
+#include <lockstep/core/seed.h>
+#include <lockstep/core/usage_error.h>
+#include <lockstep/distributed/rank_zero.h>
+#include <lockstep/loggers/csv_logger.h>
+
+namespace lockstep {
+namespace {
+
+// "1.0" (all), "0.25" (a fraction), "10" (a count) of `available` batches.
+int64_t limit_batches(const std::string& limit, int64_t available, const std::string& flag) {
+  size_t used = 0;
+  double value = -1;
+  try {
+    value = std::stod(limit, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != limit.size() || value < 0) {
+    throw UsageError("--" + flag + " '" + limit + "' is neither a fraction (0.25) nor a batch count (10).");
+  }
+  if (limit.find('.') != std::string::npos || limit.find('e') != std::string::npos) {
+    if (value > 1.0) {
+      throw UsageError("--" + flag + " " + limit + ": a fraction must be at most 1.0; for a count write an integer.");
+    }
+    return static_cast<int64_t>(std::floor(value * static_cast<double>(available)));
+  }
+  return std::min<int64_t>(static_cast<int64_t>(value), available);
+}
+
+// Autocast on CPU for bf16-mixed, for the duration of one step.
+class PrecisionScope {
+ public:
+  explicit PrecisionScope(const std::string& precision) : active_(precision == "bf16-mixed") {
+    if (!active_) return;
+    previous_dtype_ = at::autocast::get_autocast_cpu_dtype();
+    at::autocast::set_cpu_enabled(true);
+    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    at::autocast::increment_nesting();
+  }
+  ~PrecisionScope() {
+    if (!active_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_cpu_enabled(false);
+    at::autocast::set_autocast_cpu_dtype(previous_dtype_);
+  }
+
+ private:
+  bool active_;
+  at::ScalarType previous_dtype_ = at::kBFloat16;
+};
+
+void to_double(Batch& batch) {
+  if (batch.data.defined() && batch.data.is_floating_point()) batch.data = batch.data.to(torch::kFloat64);
+  if (batch.target.defined() && batch.target.is_floating_point()) batch.target = batch.target.to(torch::kFloat64);
+}
+
+c10::IValue rng_state() {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+}  // namespace
+
+Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {}
+Trainer::~Trainer() {
+  if (module_) module_->trainer_ = nullptr;
+}
+
+void Trainer::add_logger(std::shared_ptr<Logger> logger) {
+  if (!loggers_set_by_user_) loggers_.clear();
+  loggers_set_by_user_ = true;
+  loggers_.push_back(std::move(logger));
+}
+
+strategies::Strategy& Trainer::strategy() {
+  if (!plan_.strategy) throw UsageError("trainer.strategy() is only known once fit/validate/test/predict started.");
+  return *plan_.strategy;
+}
+
+bool Trainer::is_global_zero() { return !plan_.strategy || plan_.strategy->is_global_zero(); }
+
+std::string Trainer::log_dir() const { return log_dir_; }
+
+std::map<std::string, double> Trainer::progress_bar_metrics() const {
+  std::map<std::string, double> shown;
+  for (const auto& [name, value] : callback_metrics_) {
+    if (metrics_.on_progress_bar(name)) shown[name] = value;
+  }
+  return shown;
+}
+
+template <typename Fn>
+void Trainer::each_callback(Fn&& fn) {
+  for (auto& callback : callbacks_) fn(*callback);
+}
+
+void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
+  if (!module) throw UsageError("Trainer: the module is null; pass a std::shared_ptr to your TrainingModule.");
+  if (!set_up_) {
+    core::warn_if_reference_blas();
+    if (options_.seed() >= 0) seed_everything(static_cast<uint64_t>(options_.seed()));
+    if (options_.deterministic()) at::globalContext().setDeterministicAlgorithms(true, false);
+    const int cuda = accelerators::cuda_device_count();
+    plan_ = resolve_plan(options_, environments::Environ::from_process(), user_strategy_, cuda);
+    if (auto launcher = plan_.strategy->launcher()) {
+      launcher->launch();  // returns in every local process, each with its rank's variables set
+      plan_ = resolve_plan(options_, environments::Environ::from_process(), plan_.strategy, cuda);
+    }
+    plan_.strategy->setup_environment();
+    distributed::set_global_rank(plan_.strategy->global_rank());
+    if (!loggers_set_by_user_ && plan_.strategy->is_global_zero()) {
+      loggers_.push_back(std::make_shared<loggers::CSVLogger>(loggers::LoggerOptions(options_.default_root_dir())));
+    }
+    // Every rank needs the run directory (checkpoints), which rank 0's logger chose.
+    const std::string mine = loggers_.empty() ? options_.default_root_dir() : loggers_.front()->log_dir();
+    log_dir_ = plan_.strategy->broadcast(c10::IValue(mine), 0).toStringRef();
+    set_up_ = true;
+  }
+  if (module_ == module) return;
+  module_ = module;
+  module_->trainer_ = this;
+  plan_.strategy->module_to_device(*module_);
+  if (plan_.precision == "64-true") module_->to(torch::kFloat64);
+  plan_.strategy->setup_module(module_);
+  optimizer_config_ = module_->configure_optimizers();
+  if (optimizer_config_.optimizers.empty() && module_->automatic_optimization()) {
+    throw UsageError("configure_optimizers returned no optimizer; return one, e.g. "
+                     "std::make_shared<torch::optim::Adam>(parameters(), 1e-3).");
+  }
+}
+
+void Trainer::attach_sampler(DataLoader& loader, bool shuffle) {
+  const auto kwargs = plan_.strategy->distributed_sampler_kwargs();
+  if (!kwargs || !options_.use_distributed_sampler() || loader.has_sampler()) return;
+  loader.set_sampler(std::make_shared<distributed::DistributedSampler>(
+      loader.dataset()->size(), distributed::SamplerOptions(kwargs->first, kwargs->second)
+                                    .shuffle(shuffle)
+                                    .seed(loader.options().seed())
+                                    .drop_last(false)));
+}
+
+void Trainer::log(const std::string& name, double value, const LogOptions& options) {
+  if (sanity_checking_) return;
+  metrics_.log(name, value, options, [this, &name](double v) {
+    auto t = plan_.strategy->all_reduce(torch::tensor({v}, torch::kFloat64), distributed::ReduceOp::mean);
+    return t.item<double>();
+  });
+}
+
+void Trainer::manual_backward(const torch::Tensor& loss) { plan_.strategy->backward(loss); }
+
+torch::Tensor Trainer::run_step(const std::function<torch::Tensor()>& step) {
+  PrecisionScope scope(plan_.precision);
+  return step();
+}
+
+void Trainer::emit(const std::map<std::string, double>& metrics) {
+  if (metrics.empty() || !plan_.strategy->is_global_zero()) return;
+  std::map<std::string, double> row;
+  for (const auto& [name, value] : metrics) {
+    if (metrics_.to_logger(name)) row[name] = value;
+  }
+  if (row.empty()) return;
+  row["epoch"] = static_cast<double>(current_epoch_);
+  for (auto& logger : loggers_) logger->log_metrics(row, global_step_);
+}
+
+void Trainer::emit_step_metrics(bool force) {
+  if (!force && global_step_ % options_.log_every_n_steps() != 0) return;
+  auto values = metrics_.take_step_values();
+  for (const auto& [name, value] : values) callback_metrics_[name] = value;
+  emit(values);
+}
+
+void Trainer::optimizer_step() {
+  if (options_.gradient_clip_val() > 0) {
+    auto params = module_->parameters();
+    if (options_.gradient_clip_algorithm() == "value") {
+      torch::nn::utils::clip_grad_value_(params, options_.gradient_clip_val());
+    } else {
+      torch::nn::utils::clip_grad_norm_(params, options_.gradient_clip_val());
+    }
+  }
+  each_callback([&](Callback& c) { c.on_before_optimizer_step(*this, *module_); });
+  for (auto& optimizer : optimizer_config_.optimizers) {
+    optimizer->step();
+    optimizer->zero_grad();
+  }
+  ++global_step_;
+  for (auto& s : optimizer_config_.schedulers) {
+    if (s.interval == "step") s.scheduler->step();
+  }
+  if (!optimizer_config_.schedulers.empty()) ++scheduler_step_steps_;
+}
+
+std::map<std::string, double> Trainer::run_evaluation(DataLoader& loader, Phase phase, int64_t max_batches) {
+  torch::NoGradGuard no_grad;
+  module_->eval();
+  metrics_.begin_epoch(phase);
+  if (phase == Phase::validation) {
+    module_->on_validation_epoch_start();
+    each_callback([&](Callback& c) { c.on_validation_start(*this, *module_); });
+  }
+  const auto device = plan_.strategy->root_device();
+  for (int64_t i = 0; i < max_batches; ++i) {
+    Batch batch = loader.batch(i);
+    module_->transfer_batch_to_device(batch, device);
+    if (plan_.precision == "64-true") to_double(batch);
+    metrics_.set_batch_size(batch.size());
+    run_step([&] {
+      if (phase == Phase::test) {
+        module_->test_step(batch, i);
+      } else {
+        module_->validation_step(batch, i);
+      }
+      return torch::Tensor();
+    });
+    if (phase == Phase::validation) each_callback([&](Callback& c) { c.on_validation_batch_end(*this, *module_, i); });
+  }
+  if (phase == Phase::validation) module_->on_validation_epoch_end();
+  if (phase == Phase::test) module_->on_test_epoch_end();
+  auto values = metrics_.end_epoch(*plan_.strategy);
+  module_->train();
+  if (sanity_checking_) return {};
+  for (const auto& [name, value] : values) callback_metrics_[name] = value;
+  emit(values);
+  if (phase == Phase::validation) each_callback([&](Callback& c) { c.on_validation_end(*this, *module_); });
+  if (phase == Phase::test) each_callback([&](Callback& c) { c.on_test_end(*this, *module_); });
+  return values;
+}
+
+void Trainer::run_training_epoch(DataLoader& train, DataLoader* val) {
+  train.set_epoch(current_epoch_);
+  module_->train();
+  metrics_.begin_epoch(Phase::train);
+  module_->on_train_epoch_start();
+  each_callback([&](Callback& c) { c.on_train_epoch_start(*this, *module_); });
+  num_training_batches_ = limit_batches(options_.limit_train_batches(), train.num_batches(), "limit-train-batches");
+  const int64_t accumulate = options_.accumulate_grad_batches();
+  const bool automatic = module_->automatic_optimization();
+  const auto device = plan_.strategy->root_device();
+  for (int64_t i = 0; i < num_training_batches_; ++i) {
+    if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps()) break;
+    Batch batch = train.batch(i);
+    module_->transfer_batch_to_device(batch, device);
+    if (plan_.precision == "64-true") to_double(batch);
+    metrics_.set_batch_size(batch.size());
+    const bool step_now = (i + 1) % accumulate == 0 || i + 1 == num_training_batches_;
+    if (automatic) plan_.strategy->set_gradient_sync(step_now);
+    torch::Tensor loss = run_step([&] { return plan_.strategy->training_step(*module_, batch, i); });
+    if (automatic && loss.defined()) {
+      plan_.strategy->backward(accumulate > 1 ? loss / static_cast<double>(accumulate) : loss);
+      if (step_now) optimizer_step();
+    } else if (!automatic) {
+      ++global_step_;
+    }
+    module_->on_train_batch_end(loss, batch, i);
+    each_callback([&](Callback& c) { c.on_train_batch_end(*this, *module_, loss, i); });
+    emit_step_metrics(false);
+  }
+  plan_.strategy->set_gradient_sync(true);
+  module_->on_train_epoch_end();
+  auto values = metrics_.end_epoch(*plan_.strategy);
+  for (const auto& [name, value] : values) callback_metrics_[name] = value;
+  emit(values);
+  if (val != nullptr && (current_epoch_ + 1) % options_.check_val_every_n_epoch() == 0) {
+    num_val_batches_ = limit_batches(options_.limit_val_batches(), val->num_batches(), "limit-val-batches");
+    run_evaluation(*val, Phase::validation, num_val_batches_);
+  }
+  for (auto& s : optimizer_config_.schedulers) {
+    if (s.interval == "epoch") s.scheduler->step();
+  }
+  if (!optimizer_config_.schedulers.empty()) ++scheduler_epoch_steps_;
+  epoch_completed_ = true;  // checkpoints written from here on resume at the next epoch
+  each_callback([&](Callback& c) { c.on_train_epoch_end(*this, *module_); });
+  // A stop requested on one rank (EarlyStopping agrees first, but a user hook may not) must stop all.
+  should_stop_ = plan_.strategy->reduce_boolean_decision(should_stop_, distributed::Decision::any);
+}
+
+void Trainer::fit(const std::shared_ptr<TrainingModule>& module, DataModule& data) {
+  fit(module, data.train_dataloader(), data.val_dataloader());
+}
+
+void Trainer::fit(const std::shared_ptr<TrainingModule>& module, const std::shared_ptr<DataLoader>& train,
+                  const std::shared_ptr<DataLoader>& val) {
+  if (!train) throw UsageError("Trainer::fit needs a training DataLoader; it was null.");
+  const auto started = std::chrono::steady_clock::now();
+  setup(module);
+  attach_sampler(*train, train->options().shuffle());
+  if (val) attach_sampler(*val, false);
+  const bool resuming = !options_.ckpt_path().empty();
+  if (resuming) restore(options_.ckpt_path());
+  if (plan_.strategy->is_global_zero()) {
+    nlohmann::json hparams(module_->hparams());
+    for (auto& logger : loggers_) logger->log_hyperparams(hparams);
+  }
+  module_->on_fit_start();
+  each_callback([&](Callback& c) { c.on_fit_start(*this, *module_); });
+  if (val && options_.num_sanity_val_steps() > 0 && !resuming) {
+    sanity_checking_ = true;
+    run_evaluation(*val, Phase::validation, std::min(options_.num_sanity_val_steps(), val->num_batches()));
+    sanity_checking_ = false;
+  }
+  int64_t max_epochs = options_.max_epochs();
+  if (max_epochs < 0) max_epochs = options_.max_steps() < 0 ? 1000 : std::numeric_limits<int64_t>::max();
+  should_stop_ = false;
+  while (current_epoch_ < max_epochs && !should_stop_) {
+    if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps()) break;
+    run_training_epoch(*train, val.get());
+    ++current_epoch_;
+    epoch_completed_ = false;
+  }
+  emit_step_metrics(true);
+  module_->on_fit_end();
+  each_callback([&](Callback& c) { c.on_fit_end(*this, *module_); });
+  for (auto& logger : loggers_) logger->finalize("success");
+  plan_.strategy->barrier("fit_end");
+  print_fit_end(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+}
+
+std::map<std::string, double> Trainer::validate(const std::shared_ptr<TrainingModule>& module,
+                                                const std::shared_ptr<DataLoader>& loader) {
+  if (!loader) throw UsageError("Trainer::validate needs a DataLoader; it was null.");
+  setup(module);
+  attach_sampler(*loader, false);
+  num_val_batches_ = limit_batches(options_.limit_val_batches(), loader->num_batches(), "limit-val-batches");
+  return run_evaluation(*loader, Phase::validation, num_val_batches_);
+}
+
+std::map<std::string, double> Trainer::test(const std::shared_ptr<TrainingModule>& module,
+                                            const std::shared_ptr<DataLoader>& loader) {
+  if (!loader) throw UsageError("Trainer::test needs a DataLoader; it was null.");
+  setup(module);
+  attach_sampler(*loader, false);
+  return run_evaluation(*loader, Phase::test,
+                        limit_batches(options_.limit_test_batches(), loader->num_batches(), "limit-test-batches"));
+}
+
+std::vector<torch::Tensor> Trainer::predict(const std::shared_ptr<TrainingModule>& module,
+                                            const std::shared_ptr<DataLoader>& loader) {
+  if (!loader) throw UsageError("Trainer::predict needs a DataLoader; it was null.");
+  setup(module);
+  attach_sampler(*loader, false);
+  torch::NoGradGuard no_grad;
+  module_->eval();
+  std::vector<torch::Tensor> outputs;
+  const auto device = plan_.strategy->root_device();
+  for (int64_t i = 0; i < loader->num_batches(); ++i) {
+    Batch batch = loader->batch(i);
+    module_->transfer_batch_to_device(batch, device);
+    if (plan_.precision == "64-true") to_double(batch);
+    outputs.push_back(run_step([&] { return module_->predict_step(batch, i); }));
+  }
+  module_->train();
+  return outputs;
+}
+
+c10::impl::GenericDict Trainer::checkpoint_state() const {
+  auto ckpt = checkpoint::make_checkpoint();
+  ckpt.insert("state_dict", checkpoint::state_dict(*module_));
+  c10::impl::GenericList optimizers(c10::AnyType::get());
+  for (const auto& o : optimizer_config_.optimizers) optimizers.push_back(checkpoint::optimizer_state_dict(*o));
+  ckpt.insert("optimizer_states", optimizers);
+  c10::impl::GenericDict schedulers(c10::StringType::get(), c10::AnyType::get());
+  schedulers.insert("epoch_steps", scheduler_epoch_steps_);
+  schedulers.insert("step_steps", scheduler_step_steps_);
+  ckpt.insert("lr_schedulers", schedulers);
+  ckpt.insert("epoch", current_epoch_);
+  ckpt.insert("global_step", global_step_);
+  c10::impl::GenericDict loops(c10::StringType::get(), c10::AnyType::get());
+  loops.insert("next_epoch", epoch_completed_ ? current_epoch_ + 1 : current_epoch_);
+  ckpt.insert("loops", loops);
+  c10::impl::GenericDict callbacks(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& c : callbacks_) callbacks.insert(c->name(), c->state_dict());
+  ckpt.insert("callbacks", callbacks);
+  ckpt.insert("rng_state", rng_state());
+  c10::impl::GenericDict hparams(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& [k, v] : module_->hparams()) hparams.insert(k, v);
+  ckpt.insert("hyper_parameters", hparams);
+  ckpt.insert("lockstep_version", std::string("0.1.0"));
+  return ckpt;
+}
+
+void Trainer::save_checkpoint(const std::string& path) {
+  if (plan_.strategy->is_global_zero()) checkpoint::CheckpointIO().save(checkpoint_state(), path);
+  plan_.strategy->barrier("save_checkpoint");
+}
+
+void Trainer::restore(const std::string& ckpt_path) {
+  std::string path = ckpt_path;
+  if (path == "last") {
+    path = log_dir_ + "/checkpoints/last.ckpt";
+    if (!std::filesystem::exists(path)) {
+      throw UsageError("--ckpt-path last: no " + path + " exists yet; give the path of a checkpoint, or train first.");
+    }
+  }
+  auto ckpt = checkpoint::CheckpointIO().load(path);
+  checkpoint::require_keys(ckpt, {"state_dict", "optimizer_states", "epoch", "global_step", "loops"}, path);
+  checkpoint::load_state_dict(*module_, ckpt.at("state_dict").toGenericDict());
+  const auto& optimizers = ckpt.at("optimizer_states").toListRef();
+  if (optimizers.size() != optimizer_config_.optimizers.size()) {
+    throw UsageError("--ckpt-path " + path + " holds " + std::to_string(optimizers.size()) +
+                     " optimizer state(s) but configure_optimizers returned " +
+                     std::to_string(optimizer_config_.optimizers.size()) + "; resume with the same model code.");
+  }
+  // Schedulers first: replaying their steps moves the learning rates, which the optimizer
+  // states then set to the saved values exactly.
+  if (ckpt.contains("lr_schedulers")) {
+    const auto s = ckpt.at("lr_schedulers").toGenericDict();
+    scheduler_epoch_steps_ = s.at("epoch_steps").toInt();
+    scheduler_step_steps_ = s.at("step_steps").toInt();
+    for (auto& config : optimizer_config_.schedulers) {
+      const int64_t n = config.interval == "step" ? scheduler_step_steps_ : scheduler_epoch_steps_;
+      for (int64_t i = 0; i < n; ++i) config.scheduler->step();
+    }
+  }
+  for (size_t i = 0; i < optimizers.size(); ++i) {
+    checkpoint::load_optimizer_state_dict(*optimizer_config_.optimizers[i], optimizers[i].toGenericDict());
+  }
+  current_epoch_ = ckpt.at("loops").toGenericDict().at("next_epoch").toInt();
+  global_step_ = ckpt.at("global_step").toInt();
+  if (ckpt.contains("callbacks")) {
+    const auto states = ckpt.at("callbacks").toGenericDict();
+    for (auto& c : callbacks_) {
+      if (states.contains(c->name())) c->load_state_dict(states.at(c->name()));
+    }
+  }
+  if (ckpt.contains("rng_state")) {
+    auto generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(ckpt.at("rng_state").toTensor());
+  }
+}
+
+void Trainer::print_fit_end(double seconds) {
+  if (!plan_.strategy->is_global_zero()) return;
+  nlohmann::json line{{"event", "fit_end"},
+                      {"epoch", current_epoch_},
+                      {"global_step", global_step_},
+                      {"world_size", plan_.strategy->world_size()},
+                      {"seconds", seconds},
+                      {"log_dir", log_dir_},
+                      {"metrics", callback_metrics_}};
+  std::cout << line.dump() << std::endl;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,155 @@
+#include <lockstep/trainer/trainer.h>
+
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <lockstep/core/usage_error.h>
+
+#include "../../support/regression.h"
+
+namespace lockstep {
+namespace {
+
+using testing::Regressor;
+using testing::regression_data;
+
+class TrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    torch::set_num_threads(1);
+    root = std::filesystem::temp_directory_path() / ("trainer_test_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(root);
+  }
+  void TearDown() override { std::filesystem::remove_all(root); }
+  TrainerOptions options() const {
+    return TrainerOptions().max_epochs(3).enable_progress_bar(false).num_sanity_val_steps(0).default_root_dir(
+        root.string());
+  }
+  std::filesystem::path root;
+};
+
+// What Trainer::fit must equal: the plain LibTorch loop, same data order, same optimizer.
+void hand_written_loop(Regressor& model, Dataset& data, int64_t batch_size, int epochs) {
+  auto opt = model.configure_optimizers().optimizers[0];
+  DataLoader loader(std::shared_ptr<Dataset>(&data, [](Dataset*) {}), DataLoaderOptions(batch_size));
+  for (int e = 0; e < epochs; ++e) {
+    for (int64_t i = 0; i < loader.num_batches(); ++i) {
+      Batch b = loader.batch(i);
+      auto loss = torch::mse_loss(model.forward(b.data), b.target);
+      loss.backward();
+      opt->step();
+      opt->zero_grad();
+    }
+  }
+}
+
+TEST_F(TrainerTest, FitEqualsTheHandWrittenLoopBitForBit) {
+  for (bool adam : {false, true}) {
+    auto data = regression_data(96);
+    torch::manual_seed(1);
+    auto model = std::make_shared<Regressor>(adam);
+    torch::manual_seed(1);
+    Regressor reference(adam);
+    ASSERT_EQ(testing::max_abs_diff(*model, reference), 0.0);
+    Trainer trainer(options());
+    trainer.fit(model, std::make_shared<DataLoader>(data, DataLoaderOptions(16)));
+    hand_written_loop(reference, *data, 16, 3);
+    EXPECT_EQ(testing::max_abs_diff(*model, reference), 0.0) << (adam ? "Adam" : "SGD");
+    EXPECT_EQ(trainer.global_step(), 18);
+    EXPECT_EQ(trainer.current_epoch(), 3);
+  }
+}
+
+TEST_F(TrainerTest, LogsStepAndEpochMetricsToCsv) {
+  auto data = regression_data(64);
+  auto model = std::make_shared<Regressor>();
+  Trainer trainer(options().log_every_n_steps(2));
+  trainer.fit(model, std::make_shared<DataLoader>(data, DataLoaderOptions(16)),
+              std::make_shared<DataLoader>(regression_data(32, 8, 9), DataLoaderOptions(16)));
+  ASSERT_TRUE(trainer.callback_metrics().count("val_loss"));
+  ASSERT_TRUE(trainer.callback_metrics().count("train_loss"));
+  EXPECT_TRUE(trainer.progress_bar_metrics().count("train_loss"));
+  EXPECT_FALSE(trainer.progress_bar_metrics().count("val_loss"));
+  const auto csv = std::filesystem::path(trainer.log_dir()) / "metrics.csv";
+  ASSERT_TRUE(std::filesystem::exists(csv)) << csv;
+  std::ifstream in(csv);
+  std::string header;
+  std::getline(in, header);
+  EXPECT_NE(header.find("val_loss"), std::string::npos) << header;
+  EXPECT_NE(header.find("train_loss"), std::string::npos) << header;
+  int rows = 0;
+  for (std::string line; std::getline(in, line);) ++rows;
+  EXPECT_EQ(rows, 3 * 2 + 3) << "every 2nd of 12 steps, plus one validation row per epoch";
+}
+
+TEST_F(TrainerTest, ValidationLossIsTheBatchWeightedMean) {
+  auto data = regression_data(40);  // batches of 16, 16, 8
+  auto model = std::make_shared<Regressor>();
+  Trainer trainer(options());
+  auto metrics = trainer.validate(model, std::make_shared<DataLoader>(data, DataLoaderOptions(16)));
+  torch::NoGradGuard no_grad;
+  std::vector<int64_t> all(40);
+  std::iota(all.begin(), all.end(), 0);
+  Batch everything = data->get_batch(all);
+  auto expected = torch::mse_loss(model->forward(everything.data), everything.target);
+  EXPECT_NEAR(metrics.at("val_loss"), expected.item<double>(), 1e-6);
+}
+
+TEST_F(TrainerTest, ResumeIsExact) {
+  auto data = regression_data(64);
+  auto run = [&](TrainerOptions o, uint64_t seed, const std::string& save_to) {
+    torch::manual_seed(seed);
+    auto model = std::make_shared<Regressor>(true);
+    Trainer trainer(o);
+    trainer.fit(model, std::make_shared<DataLoader>(data, DataLoaderOptions(16).shuffle(true).seed(3)));
+    if (!save_to.empty()) trainer.save_checkpoint(save_to);
+    return model;
+  };
+  auto straight = run(options().max_epochs(4), 5, "");
+  const std::string ckpt = (root / "half.ckpt").string();
+  run(options().max_epochs(2), 5, ckpt);
+  auto resumed = run(options().max_epochs(4).ckpt_path(ckpt), 99, "");  // other init: must be overwritten
+  EXPECT_EQ(testing::max_abs_diff(*straight, *resumed), 0.0);
+}
+
+TEST_F(TrainerTest, MaxStepsAndLimitBatchesAndAccumulation) {
+  auto data = regression_data(64);
+  auto model = std::make_shared<Regressor>();
+  Trainer trainer(options().max_epochs(-1).max_steps(5).limit_train_batches("0.5"));
+  trainer.fit(model, std::make_shared<DataLoader>(data, DataLoaderOptions(8)));
+  EXPECT_EQ(trainer.global_step(), 5);
+  EXPECT_EQ(trainer.num_training_batches(), 4);
+  auto accumulated = std::make_shared<Regressor>();
+  Trainer t2(options().max_epochs(1).accumulate_grad_batches(4));
+  t2.fit(accumulated, std::make_shared<DataLoader>(data, DataLoaderOptions(8)));
+  EXPECT_EQ(t2.global_step(), 2);
+}
+
+TEST_F(TrainerTest, BadSettingsAreUsageErrors) {
+  auto data = regression_data(16);
+  auto loader = [&] { return std::make_shared<DataLoader>(data, DataLoaderOptions(8)); };
+  auto expect_usage = [&](TrainerOptions o, const std::string& needle) {
+    try {
+      Trainer(o).fit(std::make_shared<Regressor>(), loader());
+      ADD_FAILURE() << "accepted; expected " << needle;
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_usage(options().strategy("fsdp"), "Use --strategy ddp");
+  expect_usage(options().strategy("nope"), "not registered");
+  expect_usage(options().precision("16-mixed"), "bf16-mixed");
+  expect_usage(options().precision("8"), "Use 32-true");
+  expect_usage(options().limit_train_batches("lots"), "neither a fraction");
+  expect_usage(options().limit_train_batches("1.5"), "at most 1.0");
+  expect_usage(options().strategy("single_device").devices("2"), "Use --strategy ddp");
+  expect_usage(options().num_nodes(2), "lockstep launch --nnodes 2");
+  expect_usage(options().ckpt_path((root / "missing.ckpt").string()), "missing.ckpt");
+}
+
+}  // namespace
+}  // namespace lockstep
