@@ -60,6 +60,8 @@ class Strategy {
   // One training step.
   virtual torch::Tensor training_step(TrainingModule& module, Batch& batch, int64_t batch_idx);
   virtual void backward(const torch::Tensor& loss) { loss.backward(); }
+  /// TrainingModule::manual_backward: a backward inside a manually optimised training_step.
+  virtual void manual_backward(const torch::Tensor& loss) { backward(loss); }
   /// Whether the next backward synchronises gradients (false on accumulating batches).
   virtual void set_gradient_sync(bool enabled) {}
 

@@ -165,7 +165,7 @@ void Trainer::log(const std::string& name, double value, const LogOptions& optio
   });
 }
 
-void Trainer::manual_backward(const torch::Tensor& loss) { plan_.strategy->backward(loss); }
+void Trainer::manual_backward(const torch::Tensor& loss) { plan_.strategy->manual_backward(loss); }
 
 torch::Tensor Trainer::run_step(const std::function<torch::Tensor()>& step) {
   PrecisionScope scope(plan_.precision);

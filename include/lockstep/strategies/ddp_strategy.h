@@ -1,0 +1,73 @@
+#pragma once
+/// DDPStrategy: one process per device, gradients averaged by DistributedDataParallel while
+/// backward runs (seeds: Lightning's DDPPlugin, Fabric's DDPStrategy). Registered as `ddp`,
+/// `ddp_fork`, `ddp_find_unused_parameters_true` and `ddp_find_unused_parameters_false`.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <lockstep/distributed/ddp.h>
+#include <lockstep/distributed/process_group.h>
+#include <lockstep/strategies/strategy.h>
+
+namespace lockstep {
+namespace strategies {
+
+/// Extend it to wrap the module your own way (the seed's DDPPlugin.configure_ddp):
+///
+///   struct MyDDP : lockstep::strategies::DDPStrategy {
+///     std::shared_ptr<distributed::DistributedDataParallelBase> configure_ddp(
+///         const std::shared_ptr<TrainingModule>& module, const std::vector<int>& device_ids) override {
+///       return std::make_shared<MyWrapper>(module, process_group(), ddp_options());
+///     }
+///   };
+///   trainer.set_strategy(std::make_shared<MyDDP>());
+class DDPStrategy : public Strategy {
+ public:
+  /// `start_method` "popen" re-executes the program for the other local ranks; "fork" forks
+  /// (must happen before LibTorch starts threads).
+  explicit DDPStrategy(distributed::DDPOptions options = {}, std::string start_method = "popen",
+                       std::string name = "ddp");
+
+  std::string name() const override { return name_; }
+  std::unique_ptr<launchers::Launcher> launcher() override;
+  void setup_environment() override;
+  torch::Device root_device() const override;
+  void setup_module(const std::shared_ptr<TrainingModule>& module) override;
+  void teardown() override;
+
+  /// Wraps the module; override to return your own wrapper. `device_ids` is empty on CPU.
+  virtual std::shared_ptr<distributed::DistributedDataParallelBase> configure_ddp(
+      const std::shared_ptr<TrainingModule>& module, const std::vector<int>& device_ids);
+
+  torch::Tensor training_step(TrainingModule& module, Batch& batch, int64_t batch_idx) override;
+  void manual_backward(const torch::Tensor& loss) override;
+  void set_gradient_sync(bool enabled) override;
+
+  int world_size() const override;
+  int global_rank() const override;
+  int local_rank() const override;
+  int node_rank() const override;
+  torch::Tensor all_reduce(torch::Tensor tensor, distributed::ReduceOp op = distributed::ReduceOp::mean) override;
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor) override;
+  void barrier(const std::string& name) override;
+  c10::IValue broadcast(const c10::IValue& value, int src = 0) override;
+  bool reduce_boolean_decision(bool decision, distributed::Decision rule = distributed::Decision::all) override;
+  std::optional<std::pair<int, int>> distributed_sampler_kwargs() const override;
+
+  distributed::DDPOptions& ddp_options() { return ddp_options_; }
+  distributed::ProcessGroup& process_group();
+  /// The wrapper configure_ddp returned (null before setup_module).
+  const std::shared_ptr<distributed::DistributedDataParallelBase>& ddp() const { return ddp_; }
+
+ private:
+  distributed::DDPOptions ddp_options_;
+  std::string start_method_;
+  std::string name_;
+  std::shared_ptr<distributed::ProcessGroup> group_;
+  std::shared_ptr<distributed::DistributedDataParallelBase> ddp_;
+};
+
+}  // namespace strategies
+}  // namespace lockstep

@@ -1,0 +1,137 @@
+#include <lockstep/strategies/ddp_strategy.h>
+
+#include <lockstep/core/training_module.h>
+#include <lockstep/core/usage_error.h>
+#include <lockstep/environments/cluster_environment.h>
+#include <lockstep/launchers/fork_launcher.h>
+#include <lockstep/launchers/subprocess_launcher.h>
+#include <lockstep/strategies/registry.h>
+
+namespace lockstep {
+namespace strategies {
+namespace {
+
+const bool registered = [] {
+  using distributed::DDPOptions;
+  register_strategy("ddp", [] { return std::make_shared<DDPStrategy>(); },
+                    "one process per device; re-executes the program for the other local ranks");
+  register_strategy("ddp_fork", [] { return std::make_shared<DDPStrategy>(DDPOptions(), "fork", "ddp_fork"); },
+                    "ddp, forking instead of re-executing");
+  register_strategy("ddp_find_unused_parameters_true",
+                    [] {
+                      return std::make_shared<DDPStrategy>(DDPOptions().find_unused_parameters(true), "popen",
+                                                           "ddp_find_unused_parameters_true");
+                    },
+                    "ddp for models whose forward skips parameters");
+  register_strategy("ddp_find_unused_parameters_false",
+                    [] {
+                      return std::make_shared<DDPStrategy>(DDPOptions().find_unused_parameters(false), "popen",
+                                                           "ddp_find_unused_parameters_false");
+                    },
+                    "ddp (every parameter gets a gradient every step)");
+  return true;
+}();
+
+}  // namespace
+
+DDPStrategy::DDPStrategy(distributed::DDPOptions options, std::string start_method, std::string name)
+    : ddp_options_(std::move(options)), start_method_(std::move(start_method)), name_(std::move(name)) {
+  if (start_method_ != "popen" && start_method_ != "fork") {
+    throw UsageError("DDPStrategy start_method '" + start_method_ + "': use popen or fork.");
+  }
+}
+
+std::unique_ptr<launchers::Launcher> DDPStrategy::launcher() {
+  const auto& env = *context_.environment;
+  if (env.creates_processes_externally() || context_.devices_per_node * context_.num_nodes <= 1) return nullptr;
+  auto options = launchers::LaunchOptions()
+                     .nproc_per_node(context_.devices_per_node)
+                     .master_addr(env.main_address())
+                     .master_port(env.main_port());
+  if (start_method_ == "fork") return std::make_unique<launchers::ForkLauncher>(options);
+  return std::make_unique<launchers::SubprocessLauncher>(options);
+}
+
+void DDPStrategy::setup_environment() {
+  if (group_) return;
+  const auto& env = *context_.environment;
+  group_ = distributed::ProcessGroup::init(
+      distributed::ProcessGroupOptions(env.global_rank(), env.world_size())
+          .main_address(env.main_address())
+          .main_port(env.main_port())
+          .backend(context_.process_group_backend)
+          .timeout(std::chrono::milliseconds(static_cast<int64_t>(context_.timeout_seconds * 1000))));
+}
+
+distributed::ProcessGroup& DDPStrategy::process_group() {
+  if (!group_) throw UsageError("DDPStrategy: the process group exists only after setup_environment().");
+  return *group_;
+}
+
+torch::Device DDPStrategy::root_device() const {
+  if (context_.accelerator != "cuda") return torch::Device(torch::kCPU);
+  const int local = context_.environment ? context_.environment->local_rank() : 0;
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(context_.gpu_ids.at(static_cast<size_t>(local))));
+}
+
+std::shared_ptr<distributed::DistributedDataParallelBase> DDPStrategy::configure_ddp(
+    const std::shared_ptr<TrainingModule>& module, const std::vector<int>& device_ids) {
+  return std::make_shared<distributed::DistributedDataParallelBase>(module, process_group(), ddp_options_);
+}
+
+void DDPStrategy::setup_module(const std::shared_ptr<TrainingModule>& module) {
+  std::vector<int> device_ids;
+  if (context_.accelerator == "cuda") device_ids.push_back(root_device().index());
+  ddp_ = configure_ddp(module, device_ids);
+}
+
+void DDPStrategy::teardown() { ddp_.reset(); }
+
+torch::Tensor DDPStrategy::training_step(TrainingModule& module, Batch& batch, int64_t batch_idx) {
+  if (!module.automatic_optimization()) return module.training_step(batch, batch_idx);
+  ddp_->prepare_forward();
+  torch::Tensor loss = module.training_step(batch, batch_idx);
+  if (loss.defined()) ddp_->finish_forward(loss);
+  return loss;
+}
+
+void DDPStrategy::manual_backward(const torch::Tensor& loss) {
+  // A manual step computes its outputs outside the wrapper; arm the reduction from the loss.
+  ddp_->prepare_forward();
+  ddp_->finish_forward(loss);
+  loss.backward();
+}
+
+void DDPStrategy::set_gradient_sync(bool enabled) {
+  if (ddp_) ddp_->set_require_backward_grad_sync(enabled);
+}
+
+int DDPStrategy::world_size() const { return group_ ? group_->world_size() : context_.environment->world_size(); }
+int DDPStrategy::global_rank() const { return group_ ? group_->rank() : context_.environment->global_rank(); }
+int DDPStrategy::local_rank() const { return context_.environment->local_rank(); }
+int DDPStrategy::node_rank() const { return context_.environment->node_rank(); }
+
+torch::Tensor DDPStrategy::all_reduce(torch::Tensor tensor, distributed::ReduceOp op) {
+  return distributed::all_reduce(process_group(), tensor, op);
+}
+
+std::vector<torch::Tensor> DDPStrategy::all_gather(const torch::Tensor& tensor) {
+  return distributed::all_gather(process_group(), tensor);
+}
+
+void DDPStrategy::barrier(const std::string& name) { distributed::barrier(process_group(), name); }
+
+c10::IValue DDPStrategy::broadcast(const c10::IValue& value, int src) {
+  return distributed::broadcast(process_group(), value, src);
+}
+
+bool DDPStrategy::reduce_boolean_decision(bool decision, distributed::Decision rule) {
+  return distributed::reduce_boolean_decision(process_group(), decision, rule);
+}
+
+std::optional<std::pair<int, int>> DDPStrategy::distributed_sampler_kwargs() const {
+  return std::make_pair(world_size(), global_rank());
+}
+
+}  // namespace strategies
+}  // namespace lockstep

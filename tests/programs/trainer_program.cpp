@@ -1,0 +1,37 @@
+// A Trainer run driven by the Trainer flags, for the multi-process Trainer tests and the
+// bad-input table: trains tests/support/regression.h's model and writes each rank's parameters.
+//   trainer_program [trainer flags] --out DIR [--batch-size B] [--adam] [--save PATH]
+#include <fstream>
+
+#include <lockstep/cli/guarded_main.h>
+#include <lockstep/cli/trainer_flags.h>
+#include <lockstep/trainer/trainer.h>
+
+#include "../support/regression.h"
+
+int main(int argc, char** argv) {
+  return lockstep::cli::guarded_main("trainer_program", [&] {
+    CLI::App app{"trainer test program", "trainer_program"};
+    lockstep::TrainerOptions options;
+    lockstep::cli::add_trainer_flags(app, options);
+    std::string out, save;
+    int64_t batch_size = 8;
+    bool adam = false;
+    app.add_option("--out", out)->required();
+    app.add_option("--batch-size", batch_size);
+    app.add_option("--save", save);
+    app.add_flag("--adam", adam);
+    const int parsed = lockstep::cli::parse_or_exit_code(app, argc, argv);
+    if (parsed >= 0) return parsed;
+    torch::set_num_threads(1);
+    torch::manual_seed(11);
+    auto model = std::make_shared<lockstep::testing::Regressor>(adam);
+    auto data = lockstep::testing::regression_data(64);
+    lockstep::Trainer trainer(options.enable_progress_bar(false).num_sanity_val_steps(0));
+    trainer.fit(model, std::make_shared<lockstep::DataLoader>(data, lockstep::DataLoaderOptions(batch_size).shuffle(true).seed(4)));
+    if (!save.empty()) trainer.save_checkpoint(save);
+    torch::save(model->parameters(), out + "/params." + std::to_string(trainer.strategy().global_rank()) + ".pt");
+    std::ofstream(out + "/done." + std::to_string(trainer.strategy().global_rank())) << trainer.global_step() << "\n";
+    return 0;
+  });
+}
