@@ -17,6 +17,7 @@ struct Flags {
   double lr = 1e-3;
   std::string optimizer = "adam";
   double momentum = 0.9;
+  double lr_gamma = 0.5;
   bool no_shuffle = false;
   std::string data_dir = data::kFashionMnistDirectory;
   std::string model = "mlp";
@@ -88,10 +89,16 @@ class Classifier : public TrainingModule {
   }
 
   OptimizerConfig configure_optimizers() override {
+    OptimizerConfig config;
     if (flags_.optimizer == "sgd") {
-      return std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(flags_.lr).momentum(flags_.momentum));
+      config.optimizers.push_back(
+          std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(flags_.lr).momentum(flags_.momentum)));
+    } else {
+      config.optimizers.push_back(std::make_shared<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(flags_.lr)));
     }
-    return std::make_shared<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(flags_.lr));
+    // The learning rate falls by lr_gamma after every epoch: short runs end on a settled model.
+    config.schedulers.push_back({std::make_shared<torch::optim::StepLR>(*config.optimizers[0], 1, flags_.lr_gamma), "epoch"});
+    return config;
   }
 
  private:
@@ -111,6 +118,8 @@ int run(int argc, char** argv) {
   app.add_option("--lr", flags.lr, "learning rate")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--optimizer", flags.optimizer, "adam|sgd")->check(CLI::IsMember({"adam", "sgd"}))->capture_default_str();
   app.add_option("--momentum", flags.momentum, "SGD momentum")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--lr-gamma", flags.lr_gamma, "learning-rate factor after each epoch (1: constant)")
+      ->check(CLI::Range(0.0, 1.0))->capture_default_str();
   app.add_flag("--no-shuffle", flags.no_shuffle, "keep the training set's order");
   app.add_option("--data-dir", flags.data_dir, "folder with the *-idx?-ubyte(.gz) files")->capture_default_str();
   app.add_option("--model", flags.model, "mlp|cnn")->check(CLI::IsMember({"mlp", "cnn"}))->capture_default_str();

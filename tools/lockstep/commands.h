@@ -18,6 +18,7 @@ struct Command {
 Command add_env_command(CLI::App& app);
 Command add_launch_command(CLI::App& app);
 Command add_comm_bench_command(CLI::App& app);
+Command add_plot_command(CLI::App& app);
 
 }  // namespace tool
 }  // namespace lockstep

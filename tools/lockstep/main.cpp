@@ -9,11 +9,12 @@
 #include "commands.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"Lockstep: distributed training for LibTorch. Inspect, launch, benchmark.", "lockstep"};
+  CLI::App app{"Lockstep: distributed training for LibTorch. Inspect, launch, benchmark, plot.", "lockstep"};
   app.require_subcommand(1);
   const lockstep::tool::Command commands[] = {lockstep::tool::add_env_command(app),
                                                lockstep::tool::add_launch_command(app),
-                                               lockstep::tool::add_comm_bench_command(app)};
+                                               lockstep::tool::add_comm_bench_command(app),
+                                               lockstep::tool::add_plot_command(app)};
   const int parsed = lockstep::cli::parse_or_exit_code(app, argc, argv);
   if (parsed >= 0) return parsed;
   try {
