@@ -5,6 +5,11 @@
 
 #include <lockstep/accelerators/device_parser.h>
 #include <lockstep/callbacks/callback.h>
+#include <lockstep/callbacks/early_stopping.h>
+#include <lockstep/callbacks/lr_monitor.h>
+#include <lockstep/callbacks/model_checkpoint.h>
+#include <lockstep/callbacks/progress_bar.h>
+#include <lockstep/callbacks/simple_profiler.h>
 #include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/checkpoint/optimizer_state.h>
 #include <lockstep/checkpoint/state_dict.h>
@@ -24,8 +29,11 @@
 #include <lockstep/distributed/ddp.h>
 #include <lockstep/distributed/ddp_options.h>
 #include <lockstep/distributed/process_group.h>
+#include <lockstep/distributed/join.h>
 #include <lockstep/distributed/rank_zero.h>
 #include <lockstep/distributed/sampler.h>
+#include <lockstep/distributed/separate_ddp.h>
+#include <lockstep/distributed/sync_batchnorm.h>
 #include <lockstep/environments/cluster_environment.h>
 #include <lockstep/environments/kubeflow_environment.h>
 #include <lockstep/environments/local_environment.h>

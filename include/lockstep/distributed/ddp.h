@@ -21,6 +21,7 @@
 #include <torch/ordered_dict.h>
 
 #include <lockstep/distributed/ddp_options.h>
+#include <lockstep/distributed/join.h>
 #include <lockstep/distributed/process_group.h>
 #include <lockstep/distributed/reducer.h>
 
@@ -50,7 +51,7 @@ class NoSyncGuard {
 ///   ddp.prepare_forward();
 ///   auto out = net->forward(x, y);
 ///   ddp.finish_forward(out);  // tensors, or vectors / tuples / maps / IValues of them
-class DistributedDataParallelBase {
+class DistributedDataParallelBase : public Joinable {
  public:
   /// Checks that every rank holds the same parameters (a collective; on mismatch every rank
   /// throws DistributedError naming the first differing parameter and the ranks), broadcasts
@@ -74,6 +75,14 @@ class DistributedDataParallelBase {
   ///   { auto guard = ddp.no_sync(); ddp.forward(x1).sum().backward(); }
   ///   ddp.forward(x2).sum().backward();  // reduces the sum of both micro-steps
   NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+  /// Training with uneven inputs (PyTorch's `with model.join():`): while the returned Join
+  /// lives, a rank that has run out of batches, on leaving its scope, shadows the other ranks'
+  /// forward/backward collectives with zero gradients until all are done; then every rank takes
+  /// the parameters and buffers of a rank that finished last. Gradients are averaged over the
+  /// initial world size unless JoinOptions().divide_by_initial_world_size(false).
+  ///   { auto join = ddp.join(); for (auto& b : my_batches) { ...forward, backward, step... } }
+  Join join(JoinOptions options = {}) { return Join({this}, std::move(options)); }
+
   /// False under no_sync().
   bool require_backward_grad_sync() const { return require_backward_grad_sync_; }
   void set_require_backward_grad_sync(bool sync) { require_backward_grad_sync_ = sync; }
@@ -88,6 +97,13 @@ class DistributedDataParallelBase {
   /// Timeline of the last synchronised backward: bucket ready / launched / reduced times.
   const ReducerTrace& last_trace() const { return reducer_->last_trace(); }
 
+  /// Joinable: one iteration's collectives with zero gradients (rebuilt buckets, buffers, the
+  /// gradient sync, the map of used parameters), on a rank that has run out of inputs.
+  void join_main_hook(const JoinState& state) override;
+  /// Joinable: copies the parameters and buffers of the highest rank among the last joiners.
+  void join_post_hook(bool is_last_joiner) override;
+  ProcessGroup& join_process_group() override { return group_; }
+
  protected:
   /// `outputs_type` names the forward's return type when `outputs` could not be found in it.
   void finish_forward_tensors(const std::vector<at::Tensor>& outputs, bool outputs_known,
@@ -95,14 +111,18 @@ class DistributedDataParallelBase {
 
  private:
   void verify_same_parameters();
-  void broadcast_state(const std::vector<at::Tensor>& tensors, const std::string& what);
+  void broadcast_state(const std::vector<at::Tensor>& tensors, const std::string& what, int src = 0);
+  /// Under a Join: whether any active rank reduces gradients in this iteration's backward.
+  bool share_grad_sync(bool sync);
 
   std::shared_ptr<torch::nn::Module> module_;
   ProcessGroup& group_;
   DDPOptions options_;
+  std::vector<at::Tensor> all_params_;
   std::vector<at::Tensor> buffers_;
   std::unique_ptr<Reducer> reducer_;
   bool require_backward_grad_sync_ = true;
+  bool has_converted_batchnorm_ = false;  // convert_sync_batchnorm ran on the module
 };
 
 /// Data-parallel training of a module of type `ModuleType` (the Impl class, e.g. `NetImpl`, or

@@ -76,6 +76,15 @@ class Reducer {
   /// backward reduces the gradients; otherwise they only accumulate locally.
   void prepare_for_backward(const std::vector<at::Tensor>& outputs, bool sync);
 
+  /// Under a Join: how many ranks contribute to the next backward's gradients. Reduced buckets
+  /// (the comm hook's mean over the world size) are rescaled to the mean over these ranks.
+  /// Default: the world size (no rescaling).
+  void set_contributing_ranks(int ranks);
+  /// On a rank that has joined: the collectives of one synchronised backward with zero gradients
+  /// (each bucket through the comm hook, in launch order, then the map of used parameters if
+  /// this step shares one), so that the ranks still training are answered. Counts as a step.
+  void join_backward();
+
   /// The timeline of the last synchronised backward.
   const ReducerTrace& last_trace() const { return trace_; }
   /// The buckets as indices into the parameters, in launch order.
@@ -90,6 +99,8 @@ class Reducer {
   struct Bucket;
 
   void build_buckets(const std::vector<std::vector<size_t>>& assignment);
+  std::unique_ptr<GradBucket> make_grad_bucket(size_t b, const at::Tensor& buffer) const;
+  void finish_step();
   void autograd_hook(size_t index);
   void start_backward();
   void mark_ready(size_t index);
@@ -133,6 +144,8 @@ class Reducer {
   std::vector<size_t> arrival_order_;
   bool rebuild_pending_ = false;
   bool has_rebuilt_ = false;
+
+  int contributing_ranks_ = 0;  // 0: the world size
 
   int64_t steps_ = 0;
   ReducerTrace trace_;

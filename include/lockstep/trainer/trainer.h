@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <lockstep/callbacks/callback.h>
+#include <lockstep/callbacks/profiler.h>
 #include <lockstep/core/data_loader.h>
 #include <lockstep/core/training_module.h>
 #include <lockstep/strategies/strategy.h>
@@ -45,6 +46,11 @@ class Trainer {
   /// A Strategy object instead of the --strategy name (e.g. a DDPStrategy subclass).
   void set_strategy(std::shared_ptr<strategies::Strategy> strategy) { user_strategy_ = std::move(strategy); }
   void add_callback(std::shared_ptr<Callback> callback) { callbacks_.push_back(std::move(callback)); }
+  /// Times hooks and loop phases with `profiler` (options.profiler() uses a SimpleProfiler); its
+  /// summary goes to stderr on rank 0 at the end of fit.
+  void set_profiler(std::shared_ptr<Profiler> profiler) { profiler_ = std::move(profiler); }
+  /// The profiler in use, or null when profiling is off.
+  Profiler* profiler() const { return profiler_.get(); }
   /// Replaces the default CSV logger; call once per logger.
   void add_logger(std::shared_ptr<Logger> logger);
 
@@ -104,8 +110,13 @@ class Trainer {
   void emit(const std::map<std::string, double>& metrics);
   torch::Tensor run_step(const std::function<torch::Tensor()>& step);
   void print_fit_end(double seconds);
+  /// Runs `fn` on every callback, each timed as "[Callback]<name>.<hook>" when profiling.
   template <typename Fn>
-  void each_callback(Fn&& fn);
+  void each_callback(const char* hook, Fn&& fn);
+  /// A timing scope for `action`; inert when profiling is off.
+  Profiler::Scope profile(std::string_view action) { return Profiler::Scope(profiler_.get(), action); }
+  /// A ProgressBar and a ModelCheckpoint unless disabled or given; checkpoints run last.
+  void add_default_callbacks();
 
   TrainerOptions options_;
   std::shared_ptr<strategies::Strategy> user_strategy_;
@@ -129,6 +140,7 @@ class Trainer {
   bool epoch_completed_ = false;
   int64_t scheduler_epoch_steps_ = 0;
   int64_t scheduler_step_steps_ = 0;
+  std::shared_ptr<Profiler> profiler_;
 };
 
 }  // namespace lockstep

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <lockstep/distributed/collectives.h>
+#include <lockstep/distributed/sync_batchnorm.h>
 
 namespace lockstep {
 namespace distributed {
@@ -66,6 +67,11 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   }
   broadcast_state(all_params, "parameters");
   broadcast_state(buffers_, "buffers");
+  all_params_ = std::move(all_params);
+  for (const auto& m : module_->modules(/*include_self=*/true)) {
+    auto* sync = dynamic_cast<SyncBatchNormImpl*>(m.get());
+    has_converted_batchnorm_ = has_converted_batchnorm_ || (sync && sync->replaced_counter.defined());
+  }
   reducer_ = std::make_unique<Reducer>(std::move(reduced), std::move(reduced_names), group_, options_);
 }
 
@@ -107,7 +113,8 @@ void DistributedDataParallelBase::verify_same_parameters() {
   throw DistributedError(msg.str());
 }
 
-void DistributedDataParallelBase::broadcast_state(const std::vector<at::Tensor>& tensors, const std::string& what) {
+void DistributedDataParallelBase::broadcast_state(const std::vector<at::Tensor>& tensors, const std::string& what,
+                                                  int src) {
   if (tensors.empty() || group_.world_size() == 1) return;
   torch::NoGradGuard no_grad;
   std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
@@ -116,7 +123,7 @@ void DistributedDataParallelBase::broadcast_state(const std::vector<at::Tensor>&
     std::vector<at::Tensor> flat;
     for (const auto& t : entry.second) flat.push_back(t.reshape({-1}));
     auto packed = torch::cat(flat);
-    broadcast_tensor(group_, packed, 0, CollectiveOptions().tag("DDP " + what + " from rank 0"));
+    broadcast_tensor(group_, packed, src, CollectiveOptions().tag("DDP " + what + " from rank " + std::to_string(src)));
     int64_t offset = 0;
     for (auto& t : entry.second) {
       t.copy_(packed.narrow(0, offset, t.numel()).view(t.sizes()));
@@ -126,8 +133,35 @@ void DistributedDataParallelBase::broadcast_state(const std::vector<at::Tensor>&
 }
 
 void DistributedDataParallelBase::prepare_forward() {
+  // Under a Join the collectives below are matched by join_main_hook on the joined ranks, in
+  // this order: handshake, bucket rebuild, buffers, gradient-sync flag; then the backward's.
+  const auto join = notify_join_context();
+  const bool divide_by_active = join && !join_options()->divide_by_initial_world_size();
+  reducer_->set_contributing_ranks(divide_by_active ? join->active_ranks : group_.world_size());
   reducer_->prepare_for_forward();
-  if (options_.broadcast_buffers()) broadcast_state(buffers_, "buffers");
+  // Buffers come from the highest rank still training: a joined rank's are stale (PyTorch).
+  if (options_.broadcast_buffers()) broadcast_state(buffers_, "buffers", join ? join->last_active_rank : 0);
+  if (join) share_grad_sync(require_backward_grad_sync_ && at::GradMode::is_enabled());
+}
+
+bool DistributedDataParallelBase::share_grad_sync(bool sync) {
+  auto flag = torch::tensor({sync ? 1 : 0}, torch::kInt32);
+  all_reduce(group_, flag, ReduceOp::sum, CollectiveOptions().tag("Join gradient-sync flag"));
+  return flag.item<int32_t>() > 0;
+}
+
+void DistributedDataParallelBase::join_main_hook(const JoinState& state) {
+  reducer_->prepare_for_forward();
+  if (options_.broadcast_buffers()) broadcast_state(buffers_, "buffers", state.last_active_rank);
+  if (share_grad_sync(false)) reducer_->join_backward();
+}
+
+void DistributedDataParallelBase::join_post_hook(bool is_last_joiner) {
+  auto source = torch::tensor({is_last_joiner ? group_.rank() : -1}, torch::kInt32);
+  all_reduce(group_, source, ReduceOp::max, CollectiveOptions().tag("Join final model source"));
+  const int src = source.item<int32_t>();
+  broadcast_state(all_params_, "parameters", src);
+  broadcast_state(buffers_, "buffers", src);
 }
 
 void DistributedDataParallelBase::finish_forward_tensors(const std::vector<at::Tensor>& outputs, bool outputs_known,
@@ -140,6 +174,7 @@ void DistributedDataParallelBase::finish_forward_tensors(const std::vector<at::T
         ". Call ddp.prepare_forward(), then the module's forward, then "
         "ddp.finish_forward(std::vector<at::Tensor>{...its output tensors...}).");
   }
+  if (has_converted_batchnorm_ && module_->is_training()) detail::check_replaced_batchnorms_unused(*module_);
   reducer_->prepare_for_backward(outputs, require_backward_grad_sync_);
 }
 

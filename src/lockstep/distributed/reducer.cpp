@@ -108,8 +108,6 @@ void Reducer::build_buckets(const std::vector<std::vector<size_t>>& assignment) 
     int64_t total = 0;
     for (size_t i : bucket.members) total += params_[i].numel();
     bucket.buffer = torch::zeros({total}, params_[bucket.members.front()].options());
-    std::vector<at::Tensor> params;
-    std::vector<std::string> names;
     int64_t offset = 0;
     for (size_t k = 0; k < bucket.members.size(); ++k) {
       const size_t i = bucket.members[k];
@@ -117,8 +115,6 @@ void Reducer::build_buckets(const std::vector<std::vector<size_t>>& assignment) 
       bucket.views.push_back(alias_slice(bucket.buffer, offset, params_[i].sizes()));
       offset += n;
       locator_[i] = {b, k};
-      params.push_back(params_[i]);
-      names.push_back(names_[i]);
       // Rebuilt buckets keep the gradients that views of the old ones held.
       auto& grad = params_[i].mutable_grad();
       if (options_.gradient_as_bucket_view() && grad.defined()) {
@@ -126,10 +122,79 @@ void Reducer::build_buckets(const std::vector<std::vector<size_t>>& assignment) 
         grad = bucket.views.back();
       }
     }
-    bucket.grad_bucket = std::make_unique<GradBucket>(b, b + 1 == assignment.size(), bucket.buffer,
-                                                      std::move(params), std::move(names), bucket.views);
   }
   buckets_ = std::move(buckets);
+  for (size_t b = 0; b < buckets_.size(); ++b) buckets_[b].grad_bucket = make_grad_bucket(b, buckets_[b].buffer);
+}
+
+std::unique_ptr<GradBucket> Reducer::make_grad_bucket(size_t b, const at::Tensor& buffer) const {
+  const auto& bucket = buckets_[b];
+  std::vector<at::Tensor> params, views;
+  std::vector<std::string> names;
+  int64_t offset = 0;
+  for (size_t i : bucket.members) {
+    params.push_back(params_[i]);
+    names.push_back(names_[i]);
+    views.push_back(alias_slice(buffer, offset, params_[i].sizes()));
+    offset += params_[i].numel();
+  }
+  return std::make_unique<GradBucket>(b, b + 1 == buckets_.size(), buffer, std::move(params), std::move(names),
+                                      std::move(views));
+}
+
+void Reducer::set_contributing_ranks(int ranks) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  contributing_ranks_ = ranks;
+}
+
+void Reducer::join_backward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!failure_.empty()) throw DistributedError(failure_);
+  const bool search = options_.find_unused_parameters() || options_.static_graph();
+  track_usage_ = search && !static_usage_known_;
+  std::vector<BucketFuture> futures;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    // Zeros, not this rank's stale gradients: a joined rank contributes nothing.
+    const auto shadow = make_grad_bucket(b, torch::zeros_like(buckets_[b].buffer));
+    try {
+      futures.push_back(options_.comm_hook()(group_, *shadow));
+    } catch (const std::exception& e) {
+      fail(group_.describe() + ": the comm hook failed to start the joined rank's reduction of " + bucket_name(b) +
+           ": " + e.what());
+    }
+  }
+  if (track_usage_) {
+    local_used_.zero_();
+    std::vector<at::Tensor> tensors{local_used_};
+    c10d::AllreduceOptions options;
+    options.timeout = group_.timeout();
+    used_work_ = group_.backend()->allreduce(tensors, options);
+  }
+  for (size_t b = 0; b < futures.size(); ++b) {
+    try {
+      futures[b].wait(group_.timeout());
+    } catch (const std::exception& e) {
+      fail(group_.describe() + " (joined, shadowing): allreduce of " + bucket_name(b) + " did not complete (timeout " +
+           seconds(group_.timeout()) + "): " + e.what());
+    }
+  }
+  if (track_usage_) {
+    try {
+      used_work_->wait(group_.timeout());
+    } catch (const std::exception& e) {
+      fail(group_.describe() + " (joined, shadowing): allreduce of the map of used parameters did not complete: " +
+           e.what());
+    }
+    used_work_.reset();
+    static_usage_known_ = options_.static_graph();
+  }
+  finish_step();
+}
+
+void Reducer::finish_step() {
+  ++steps_;
+  const bool may_rebuild = options_.static_graph() || !options_.find_unused_parameters();
+  if (steps_ == 1 && !has_rebuilt_ && may_rebuild) rebuild_pending_ = true;
 }
 
 void Reducer::prepare_for_forward() {
@@ -312,6 +377,12 @@ void Reducer::finalize_backward() {
       torch::NoGradGuard no_grad;
       bucket.buffer.copy_(reduced.reshape({-1}));
     }
+    if (contributing_ranks_ > 0 && contributing_ranks_ != group_.world_size()) {
+      // The hook averaged over the world size; joined ranks sent zeros (Join without
+      // divide_by_initial_world_size).
+      torch::NoGradGuard no_grad;
+      bucket.buffer.mul_(static_cast<double>(group_.world_size()) / contributing_ranks_);
+    }
     const int64_t at = bucket.reduced_at ? bucket.reduced_at->load() : 0;
     trace_.buckets[b].reduced = at > 0 ? std::chrono::nanoseconds(at) : since_start();
   }
@@ -328,10 +399,8 @@ void Reducer::finalize_backward() {
   }
   write_back();
   backward_started_ = false;
-  ++steps_;
   trace_.finished = since_start();
-  const bool may_rebuild = options_.static_graph() || !options_.find_unused_parameters();
-  if (steps_ == 1 && !has_rebuilt_ && may_rebuild) rebuild_pending_ = true;
+  finish_step();
 }
 
 void Reducer::write_back() {

@@ -6,6 +6,7 @@
 #include <lockstep/launchers/fork_launcher.h>
 #include <lockstep/launchers/subprocess_launcher.h>
 #include <lockstep/strategies/registry.h>
+#include <lockstep/distributed/sync_batchnorm.h>
 
 namespace lockstep {
 namespace strategies {
@@ -80,6 +81,7 @@ std::shared_ptr<distributed::DistributedDataParallelBase> DDPStrategy::configure
 }
 
 void DDPStrategy::setup_module(const std::shared_ptr<TrainingModule>& module) {
+  if (context_.sync_batchnorm) distributed::convert_sync_batchnorm(module, process_group());
   std::vector<int> device_ids;
   if (context_.accelerator == "cuda") device_ids.push_back(root_device().index());
   ddp_ = configure_ddp(module, device_ids);

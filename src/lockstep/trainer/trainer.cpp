@@ -11,6 +11,9 @@
 #include <torch/torch.h>
 
 #include <lockstep/accelerators/device_parser.h>
+#include <lockstep/callbacks/model_checkpoint.h>
+#include <lockstep/callbacks/progress_bar.h>
+#include <lockstep/callbacks/simple_profiler.h>
 #include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/checkpoint/optimizer_state.h>
 #include <lockstep/checkpoint/state_dict.h>
@@ -71,6 +74,40 @@ void to_double(Batch& batch) {
   if (batch.target.defined() && batch.target.is_floating_point()) batch.target = batch.target.to(torch::kFloat64);
 }
 
+template <typename T>
+bool has_callback(const std::vector<std::shared_ptr<Callback>>& callbacks) {
+  return std::any_of(callbacks.begin(), callbacks.end(), [](const auto& c) { return dynamic_cast<T*>(c.get()) != nullptr; });
+}
+
+// `--ckpt-path last`: this run has a new version directory, so look for the newest
+// version_N/checkpoints/last.ckpt beside it (as Lightning's "last" finds the latest run's).
+std::string find_last_checkpoint(const std::string& log_dir) {
+  const auto runs = std::filesystem::path(log_dir).parent_path();
+  std::string best;
+  int64_t best_version = -1;
+  std::error_code ignored;
+  for (const auto& entry : std::filesystem::directory_iterator(runs, ignored)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("version_", 0) != 0) continue;
+    const auto candidate = entry.path() / "checkpoints" / "last.ckpt";
+    int64_t version = -1;
+    try {
+      version = std::stoll(name.substr(8));
+    } catch (const std::exception&) {
+      continue;
+    }
+    if (version > best_version && std::filesystem::exists(candidate)) {
+      best_version = version;
+      best = candidate.string();
+    }
+  }
+  if (best.empty()) {
+    throw UsageError("--ckpt-path last: no version_N/checkpoints/last.ckpt under " + runs.string() +
+                     "; give the path of a checkpoint, or train once first (ModelCheckpoint writes last.ckpt).");
+  }
+  return best;
+}
+
 c10::IValue rng_state() {
   auto generator = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(generator.mutex());
@@ -104,12 +141,37 @@ std::map<std::string, double> Trainer::progress_bar_metrics() const {
   for (const auto& [name, value] : callback_metrics_) {
     if (metrics_.on_progress_bar(name)) shown[name] = value;
   }
+  // The bar shows every step's value, not only those of the logged steps (log_every_n_steps).
+  for (const auto& [name, value] : metrics_.latest_step_values()) {
+    if (metrics_.on_progress_bar(name)) shown[name] = value;
+  }
   return shown;
 }
 
 template <typename Fn>
-void Trainer::each_callback(Fn&& fn) {
-  for (auto& callback : callbacks_) fn(*callback);
+void Trainer::each_callback(const char* hook, Fn&& fn) {
+  for (auto& callback : callbacks_) {
+    if (!profiler_) {
+      fn(*callback);
+      continue;
+    }
+    auto timed = profile("[Callback]" + callback->name() + "." + hook);
+    fn(*callback);
+  }
+}
+
+void Trainer::add_default_callbacks() {
+  if (options_.enable_progress_bar() && !has_callback<ProgressBar>(callbacks_)) {
+    callbacks_.push_back(std::make_shared<ProgressBar>());
+  }
+  if (options_.enable_checkpointing() && !has_callback<ModelCheckpoint>(callbacks_)) {
+    // save_last: so that --ckpt-path last finds <log_dir>/checkpoints/last.ckpt.
+    callbacks_.push_back(std::make_shared<ModelCheckpoint>(ModelCheckpointOptions().save_last(true)));
+  }
+  // As Lightning: checkpoints are written after every other callback's epoch end, so that they
+  // hold that epoch's state (EarlyStopping's count) and resume from it.
+  std::stable_partition(callbacks_.begin(), callbacks_.end(),
+                        [](const auto& c) { return dynamic_cast<ModelCheckpoint*>(c.get()) == nullptr; });
 }
 
 void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
@@ -126,6 +188,7 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
     }
     plan_.strategy->setup_environment();
     distributed::set_global_rank(plan_.strategy->global_rank());
+    if (options_.profiler() && !profiler_) profiler_ = std::make_shared<SimpleProfiler>();
     if (!loggers_set_by_user_ && plan_.strategy->is_global_zero()) {
       loggers_.push_back(std::make_shared<loggers::CSVLogger>(loggers::LoggerOptions(options_.default_root_dir())));
     }
@@ -134,6 +197,7 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
     log_dir_ = plan_.strategy->broadcast(c10::IValue(mine), 0).toStringRef();
     set_up_ = true;
   }
+  add_default_callbacks();  // here, before fit restores a checkpoint into them
   if (module_ == module) return;
   module_ = module;
   module_->trainer_ = this;
@@ -199,7 +263,8 @@ void Trainer::optimizer_step() {
       torch::nn::utils::clip_grad_norm_(params, options_.gradient_clip_val());
     }
   }
-  each_callback([&](Callback& c) { c.on_before_optimizer_step(*this, *module_); });
+  each_callback("on_before_optimizer_step", [&](Callback& c) { c.on_before_optimizer_step(*this, *module_); });
+  auto timed = profile("optimizer_step");
   for (auto& optimizer : optimizer_config_.optimizers) {
     optimizer->step();
     optimizer->zero_grad();
@@ -212,19 +277,24 @@ void Trainer::optimizer_step() {
 }
 
 std::map<std::string, double> Trainer::run_evaluation(DataLoader& loader, Phase phase, int64_t max_batches) {
+  auto timed = profile(phase == Phase::test ? "test" : "validation");
   torch::NoGradGuard no_grad;
   module_->eval();
   metrics_.begin_epoch(phase);
   if (phase == Phase::validation) {
     module_->on_validation_epoch_start();
-    each_callback([&](Callback& c) { c.on_validation_start(*this, *module_); });
+    each_callback("on_validation_start", [&](Callback& c) { c.on_validation_start(*this, *module_); });
   }
   const auto device = plan_.strategy->root_device();
   for (int64_t i = 0; i < max_batches; ++i) {
-    Batch batch = loader.batch(i);
+    Batch batch = [&] {
+      auto fetch = profile(phase == Phase::test ? "test_dataloader_next" : "val_dataloader_next");
+      return loader.batch(i);
+    }();
     module_->transfer_batch_to_device(batch, device);
     if (plan_.precision == "64-true") to_double(batch);
     metrics_.set_batch_size(batch.size());
+    auto step = profile(phase == Phase::test ? "test_step" : "validation_step");
     run_step([&] {
       if (phase == Phase::test) {
         module_->test_step(batch, i);
@@ -233,7 +303,10 @@ std::map<std::string, double> Trainer::run_evaluation(DataLoader& loader, Phase 
       }
       return torch::Tensor();
     });
-    if (phase == Phase::validation) each_callback([&](Callback& c) { c.on_validation_batch_end(*this, *module_, i); });
+    step.stop();
+    if (phase == Phase::validation) {
+      each_callback("on_validation_batch_end", [&](Callback& c) { c.on_validation_batch_end(*this, *module_, i); });
+    }
   }
   if (phase == Phase::validation) module_->on_validation_epoch_end();
   if (phase == Phase::test) module_->on_test_epoch_end();
@@ -242,38 +315,50 @@ std::map<std::string, double> Trainer::run_evaluation(DataLoader& loader, Phase 
   if (sanity_checking_) return {};
   for (const auto& [name, value] : values) callback_metrics_[name] = value;
   emit(values);
-  if (phase == Phase::validation) each_callback([&](Callback& c) { c.on_validation_end(*this, *module_); });
-  if (phase == Phase::test) each_callback([&](Callback& c) { c.on_test_end(*this, *module_); });
+  if (phase == Phase::validation) each_callback("on_validation_end", [&](Callback& c) { c.on_validation_end(*this, *module_); });
+  if (phase == Phase::test) each_callback("on_test_end", [&](Callback& c) { c.on_test_end(*this, *module_); });
   return values;
 }
 
 void Trainer::run_training_epoch(DataLoader& train, DataLoader* val) {
+  auto timed_epoch = profile("run_training_epoch");
   train.set_epoch(current_epoch_);
   module_->train();
   metrics_.begin_epoch(Phase::train);
-  module_->on_train_epoch_start();
-  each_callback([&](Callback& c) { c.on_train_epoch_start(*this, *module_); });
+  // Before the hooks, so that callbacks (the progress bar) know the epoch's length.
   num_training_batches_ = limit_batches(options_.limit_train_batches(), train.num_batches(), "limit-train-batches");
+  module_->on_train_epoch_start();
+  each_callback("on_train_epoch_start", [&](Callback& c) { c.on_train_epoch_start(*this, *module_); });
   const int64_t accumulate = options_.accumulate_grad_batches();
   const bool automatic = module_->automatic_optimization();
   const auto device = plan_.strategy->root_device();
   for (int64_t i = 0; i < num_training_batches_; ++i) {
     if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps()) break;
-    Batch batch = train.batch(i);
+    Batch batch = [&] {
+      auto fetch = profile("train_dataloader_next");
+      return train.batch(i);
+    }();
+    auto transfer = profile("transfer_batch_to_device");
     module_->transfer_batch_to_device(batch, device);
+    transfer.stop();
     if (plan_.precision == "64-true") to_double(batch);
     metrics_.set_batch_size(batch.size());
     const bool step_now = (i + 1) % accumulate == 0 || i + 1 == num_training_batches_;
     if (automatic) plan_.strategy->set_gradient_sync(step_now);
-    torch::Tensor loss = run_step([&] { return plan_.strategy->training_step(*module_, batch, i); });
+    torch::Tensor loss = run_step([&] {
+      auto timed = profile("training_step");
+      return plan_.strategy->training_step(*module_, batch, i);
+    });
     if (automatic && loss.defined()) {
+      auto backward = profile("backward");
       plan_.strategy->backward(accumulate > 1 ? loss / static_cast<double>(accumulate) : loss);
+      backward.stop();
       if (step_now) optimizer_step();
     } else if (!automatic) {
       ++global_step_;
     }
     module_->on_train_batch_end(loss, batch, i);
-    each_callback([&](Callback& c) { c.on_train_batch_end(*this, *module_, loss, i); });
+    each_callback("on_train_batch_end", [&](Callback& c) { c.on_train_batch_end(*this, *module_, loss, i); });
     emit_step_metrics(false);
   }
   plan_.strategy->set_gradient_sync(true);
@@ -290,7 +375,7 @@ void Trainer::run_training_epoch(DataLoader& train, DataLoader* val) {
   }
   if (!optimizer_config_.schedulers.empty()) ++scheduler_epoch_steps_;
   epoch_completed_ = true;  // checkpoints written from here on resume at the next epoch
-  each_callback([&](Callback& c) { c.on_train_epoch_end(*this, *module_); });
+  each_callback("on_train_epoch_end", [&](Callback& c) { c.on_train_epoch_end(*this, *module_); });
   // A stop requested on one rank (EarlyStopping agrees first, but a user hook may not) must stop all.
   should_stop_ = plan_.strategy->reduce_boolean_decision(should_stop_, distributed::Decision::any);
 }
@@ -313,7 +398,7 @@ void Trainer::fit(const std::shared_ptr<TrainingModule>& module, const std::shar
     for (auto& logger : loggers_) logger->log_hyperparams(hparams);
   }
   module_->on_fit_start();
-  each_callback([&](Callback& c) { c.on_fit_start(*this, *module_); });
+  each_callback("on_fit_start", [&](Callback& c) { c.on_fit_start(*this, *module_); });
   if (val && options_.num_sanity_val_steps() > 0 && !resuming) {
     sanity_checking_ = true;
     run_evaluation(*val, Phase::validation, std::min(options_.num_sanity_val_steps(), val->num_batches()));
@@ -330,9 +415,10 @@ void Trainer::fit(const std::shared_ptr<TrainingModule>& module, const std::shar
   }
   emit_step_metrics(true);
   module_->on_fit_end();
-  each_callback([&](Callback& c) { c.on_fit_end(*this, *module_); });
+  each_callback("on_fit_end", [&](Callback& c) { c.on_fit_end(*this, *module_); });
   for (auto& logger : loggers_) logger->finalize("success");
   plan_.strategy->barrier("fit_end");
+  if (profiler_ && plan_.strategy->is_global_zero()) std::cerr << profiler_->summary() << std::flush;
   print_fit_end(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
 }
 
@@ -400,18 +486,14 @@ c10::impl::GenericDict Trainer::checkpoint_state() const {
 }
 
 void Trainer::save_checkpoint(const std::string& path) {
+  auto timed = profile("save_checkpoint");
   if (plan_.strategy->is_global_zero()) checkpoint::CheckpointIO().save(checkpoint_state(), path);
   plan_.strategy->barrier("save_checkpoint");
 }
 
 void Trainer::restore(const std::string& ckpt_path) {
   std::string path = ckpt_path;
-  if (path == "last") {
-    path = log_dir_ + "/checkpoints/last.ckpt";
-    if (!std::filesystem::exists(path)) {
-      throw UsageError("--ckpt-path last: no " + path + " exists yet; give the path of a checkpoint, or train first.");
-    }
-  }
+  if (path == "last") path = find_last_checkpoint(log_dir_);
   auto ckpt = checkpoint::CheckpointIO().load(path);
   checkpoint::require_keys(ckpt, {"state_dict", "optimizer_states", "epoch", "global_step", "loops"}, path);
   checkpoint::load_state_dict(*module_, ckpt.at("state_dict").toGenericDict());

@@ -1,0 +1,91 @@
+#include <lockstep/distributed/separate_ddp.h>
+
+#include <sstream>
+
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+namespace lockstep {
+namespace distributed {
+namespace {
+
+std::string list(const std::vector<c10::Device>& devices) {
+  std::ostringstream out;
+  for (size_t k = 0; k < devices.size(); ++k) out << (k ? ", " : "") << devices[k];
+  return out.str();
+}
+
+c10::Device choose_device(const torch::nn::Module& module, const std::vector<c10::Device>& device_ids) {
+  if (device_ids.size() > 1) {
+    throw std::invalid_argument(
+        "SeparateDDP supports one device per process, but got " + std::to_string(device_ids.size()) +
+        " device_ids (" + list(device_ids) + "). Start one process per device (e.g. --devices " +
+        std::to_string(device_ids.size()) + " with the ddp strategy) and give each its own device.");
+  }
+  if (device_ids.empty()) {
+    const auto params = module.parameters();
+    return params.empty() ? c10::Device(c10::kCPU) : params.front().device();
+  }
+  const auto device = device_ids.front();
+  if (device.is_cuda() && !torch::cuda::is_available()) {
+    throw std::invalid_argument("SeparateDDP: device " + device.str() +
+                                " was asked for, but this LibTorch sees no CUDA device. Use the CPU (device_ids "
+                                "{torch::kCPU} or empty).");
+  }
+  return device;
+}
+
+}  // namespace
+
+SeparateDDP::SeparateDDP(std::shared_ptr<torch::nn::Module> module, ProcessGroup& group, DDPOptions options,
+                         std::vector<c10::Device> device_ids)
+    : module_(std::move(module)), device_(c10::kCPU) {
+  if (!module_) throw std::invalid_argument("SeparateDDP: the module is null.");
+  device_ = choose_device(*module_, device_ids);
+  const auto own = module_->named_parameters(/*recurse=*/false);
+  if (!own.is_empty()) {
+    throw std::invalid_argument("SeparateDDP wraps each child module in its own DistributedDataParallel, but the "
+                                "root module has parameters of its own ('" + own.begin()->key() +
+                                "'), which no wrapper would synchronise. Move them into a child module.");
+  }
+  module_->to(device_);
+  for (const auto& child : module_->named_children()) {
+    names_.push_back(child.key());
+    children_[child.key()] = child.value();
+    if (child.value()->parameters().empty()) continue;  // moved only
+    ddps_[child.key()] = std::make_unique<DistributedDataParallelBase>(child.value(), group, options);
+  }
+  for (const auto& p : module_->parameters()) {
+    if (p.device() != device_) {
+      throw std::invalid_argument("SeparateDDP: after moving the module to " + device_.str() +
+                                  ", a parameter is still on " + p.device().str() + "; one device per process.");
+    }
+  }
+}
+
+const std::shared_ptr<torch::nn::Module>& SeparateDDP::child_module(const std::string& name) const {
+  auto it = children_.find(name);
+  if (it != children_.end()) return it->second;
+  std::string known;
+  for (const auto& n : names_) known += (known.empty() ? "" : ", ") + n;
+  throw std::invalid_argument("SeparateDDP: the module has no child '" + name + "'; its children are: " + known + ".");
+}
+
+DistributedDataParallelBase* SeparateDDP::find_ddp(const std::string& name) const {
+  child_module(name);  // throws for an unknown name
+  auto it = ddps_.find(name);
+  return it == ddps_.end() ? nullptr : it->second.get();
+}
+
+DistributedDataParallelBase& SeparateDDP::ddp(const std::string& name) const {
+  auto* wrapped = find_ddp(name);
+  if (!wrapped) {
+    throw std::invalid_argument("SeparateDDP: child '" + name +
+                                "' has no parameters, so it is not wrapped in a DistributedDataParallel (it was only "
+                                "moved to the device). Call it through module<Type>(\"" + name + "\").");
+  }
+  return *wrapped;
+}
+
+}  // namespace distributed
+}  // namespace lockstep
