@@ -4,6 +4,7 @@ Run under `lockstep launch --nproc-per-node 2 -- /usr/bin/python3 bench/ddp/ddp_
 import argparse
 import json
 import os
+import sys
 import time
 
 import torch
@@ -76,7 +77,10 @@ def main():
         print(json.dumps({"impl": "pytorch", "model": a.model, "world_size": dist.get_world_size(),
                           "steps": a.steps, "batch": a.batch, "steps_per_s": a.steps / seconds,
                           "loss": loss.item()}), flush=True)
-    dist.destroy_process_group()
+    # torch 1.13 on Python 3.11 can hang joining ProcessGroupGloo's threads at interpreter exit
+    # (seen here: destroy_process_group and exit both wait on the GIL forever); leave at once.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

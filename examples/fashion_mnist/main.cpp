@@ -114,10 +114,10 @@ int run(int argc, char** argv) {
   cli::add_trainer_flags(app, options);
   Flags flags;
   app.add_option("--batch-size", flags.batch_size, "examples per batch on each process")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--lr", flags.lr, "learning rate")->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))->capture_default_str();
+  app.add_option("--lr", flags.lr, "learning rate")->check(CLI::Range(1e-12, 1e6))->capture_default_str();
   app.add_option("--optimizer", flags.optimizer, "adam|sgd")->check(CLI::IsMember({"adam", "sgd"}))->capture_default_str();
-  app.add_option("--momentum", flags.momentum, "SGD momentum")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--momentum", flags.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0))->capture_default_str();
   app.add_option("--lr-gamma", flags.lr_gamma, "learning-rate factor after each epoch (1: constant)")
       ->check(CLI::Range(0.0, 1.0))->capture_default_str();
   app.add_flag("--no-shuffle", flags.no_shuffle, "keep the training set's order");

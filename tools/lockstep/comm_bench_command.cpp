@@ -259,7 +259,7 @@ Command add_comm_bench_command(CLI::App& app) {
   sub->add_option("--ops", args->ops, "allreduce,broadcast,allgather")->capture_default_str();
   sub->add_option("--iters", args->iters, "timed iterations per size")->check(CLI::Range(1, 100000))->capture_default_str();
   sub->add_option("--warmup", args->warmup, "untimed iterations first")->check(CLI::Range(0, 100000))->capture_default_str();
-  sub->add_option("--timeout", args->timeout, "seconds any collective may take")->check(CLI::PositiveNumber)->capture_default_str();
+  sub->add_option("--timeout", args->timeout, "seconds any collective may take")->check(CLI::Range(0.001, 1e9))->capture_default_str();
   sub->add_flag("--json", args->json, "one JSON line per op and size");
   return {sub, [args] {
             // Validate names before any process starts.

@@ -25,14 +25,14 @@ Command add_launch_command(CLI::App& app) {
                                  "Start and supervise workers with the variables torchrun sets: "
                                  "lockstep launch --nproc-per-node 2 -- PROGRAM ARGS");
   sub->add_option("--nproc-per-node", args->nproc_per_node, "workers on this node")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  sub->add_option("--nnodes", args->nnodes, "nodes in the job")->check(CLI::PositiveNumber)->capture_default_str();
-  sub->add_option("--node-rank", args->node_rank, "this node's rank")->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::Range(1, 1024))->capture_default_str();
+  sub->add_option("--nnodes", args->nnodes, "nodes in the job")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  sub->add_option("--node-rank", args->node_rank, "this node's rank")->check(CLI::Range(0, 1 << 20))->capture_default_str();
   sub->add_option("--master-addr", args->master_addr, "address of the node with rank 0")->capture_default_str();
   sub->add_option("--master-port", args->master_port, "port on that node; 0 picks a free one (one node only)")
       ->check(CLI::Range(0, 65535))->capture_default_str();
   sub->add_option("--grace-period", args->grace_seconds, "seconds between SIGTERM and SIGKILL when a worker fails")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::Range(0.001, 3600.0))->capture_default_str();
   sub->add_option("command", args->command, "the program and its arguments, after --")->required();
   return {sub, [args] {
     const auto options = launchers::LaunchOptions()

@@ -29,16 +29,16 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
   add(g, "--accelerator", o.accelerator(), "auto|cpu|cuda|gpu");
   add(g, "--devices", o.devices(), "auto, a count N, -1 (all GPUs), or GPU ids \"0,2\"");
   add(g, "--strategy", o.strategy(), "auto|single_device|ddp|ddp_fork|ddp_find_unused_parameters_true|...");
-  add(g, "--num-nodes", o.num_nodes(), "nodes in the job")->check(CLI::PositiveNumber);
+  add(g, "--num-nodes", o.num_nodes(), "nodes in the job")->check(CLI::Range(1, 1 << 20));
   add(g, "--precision", o.precision(), "32-true|64-true|bf16-mixed|16-mixed");
   add(g, "--max-epochs", o.max_epochs(), "stop after this many epochs (-1: 1000 unless --max-steps)")
       ->check(CLI::Range(int64_t{-1}, int64_t{1} << 40));
   add(g, "--max-steps", o.max_steps(), "stop after this many optimizer steps (-1: no limit)")
       ->check(CLI::Range(int64_t{-1}, int64_t{1} << 50));
   add(g, "--accumulate-grad-batches", o.accumulate_grad_batches(), "batches per optimizer step")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   add(g, "--gradient-clip-val", o.gradient_clip_val(), "clip gradients to this norm or value (0: off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0.0, 1e12));
   add(g, "--gradient-clip-algorithm", o.gradient_clip_algorithm(), "norm|value")->check(CLI::IsMember({"norm", "value"}));
   add(g, "--seed", o.seed(), "seed for every random generator (-1: unseeded)")
       ->check(CLI::Range(int64_t{-1}, std::numeric_limits<int64_t>::max()));
@@ -49,15 +49,18 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
   add(g, "--limit-train-batches", o.limit_train_batches(), "fraction (0.25) or count (10) of training batches");
   add(g, "--limit-val-batches", o.limit_val_batches(), "fraction or count of validation batches");
   add(g, "--limit-test-batches", o.limit_test_batches(), "fraction or count of test batches");
-  add(g, "--check-val-every-n-epoch", o.check_val_every_n_epoch(), "validate every N epochs")->check(CLI::PositiveNumber);
+  add(g, "--check-val-every-n-epoch", o.check_val_every_n_epoch(), "validate every N epochs")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   add(g, "--num-sanity-val-steps", o.num_sanity_val_steps(), "validation batches before training")
-      ->check(CLI::NonNegativeNumber);
-  add(g, "--log-every-n-steps", o.log_every_n_steps(), "write metrics every N steps")->check(CLI::PositiveNumber);
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  add(g, "--log-every-n-steps", o.log_every_n_steps(), "write metrics every N steps")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   add(g, "--enable-progress-bar", o.enable_progress_bar(), "true|false");
   add(g, "--enable-checkpointing", o.enable_checkpointing(), "true|false");
   add(g, "--use-distributed-sampler", o.use_distributed_sampler(), "true|false");
   add(g, "--process-group-backend", o.process_group_backend(), "gloo|nccl|mpi (default: gloo on cpu)");
-  add(g, "--timeout", o.timeout(), "seconds a collective may block before it fails")->check(CLI::PositiveNumber);
+  add(g, "--timeout", o.timeout(), "seconds a collective may block before it fails")
+      ->check(CLI::Range(0.001, 1e9));
   add(g, "--benchmark", o.benchmark(), "true|false: cudnn.benchmark (CUDA only)");
   add(g, "--profiler", o.profiler(), "true|false: print time per hook at the end");
 }

@@ -1,0 +1,101 @@
+// Bad input to a Trainer program, run as a user runs it: every case exits with code 2 and one
+// message that names what to do instead. No stack trace, no abort.
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include <lockstep/environments/cluster_environment.h>
+
+#include "../../support/command.h"
+
+namespace lockstep {
+namespace {
+
+struct BadInput {
+  std::vector<std::string> args;
+  std::map<std::string, std::string> env;
+  std::string needle;  // part of the fix the message must name
+};
+
+class TrainerBadInput : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir = std::filesystem::temp_directory_path() / ("bad_input_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir / "runs");
+    std::ofstream(dir / "notes.ckpt") << "not a checkpoint\n";
+    std::ofstream(dir / "truncated.ckpt") << std::string("PK\x03\x04", 4) << std::string(40, 'x');
+  }
+  void TearDown() override { std::filesystem::remove_all(dir); }
+  std::filesystem::path dir;
+};
+
+std::map<std::string, std::string> slurm_job() {
+  auto vars = environments::Environ::from_env_file(std::string(LOCKSTEP_SOURCE_DIR) +
+                                                   "/tests/fixtures/environments/slurm_srun_rank5.env")
+                  .vars();
+  return vars;
+}
+
+TEST_F(TrainerBadInput, EveryCaseExitsTwoAndNamesTheFix) {
+  const std::string d = dir.string();
+  std::vector<BadInput> cases = {
+      {{"--devices", "0"}, {}, "at least 1"},
+      {{"--devices", "two"}, {}, "--devices 2"},
+      {{"--devices", "0,1"}, {}, "--accelerator cuda"},
+      {{"--accelerator", "cuda"}, {}, "--accelerator cpu"},
+      {{"--accelerator", "gpu", "--devices", "1"}, {}, "--accelerator cpu"},
+      {{"--accelerator", "tpu"}, {}, "does not apply to LibTorch"},
+      {{"--accelerator", "mps"}, {}, "--accelerator cpu, cuda or auto"},
+      {{"--accelerator", "horovod"}, {}, "--strategy ddp"},
+      {{"--accelerator", "abacus"}, {}, "auto, cpu, cuda or gpu"},
+      {{"--strategy", "fsdp"}, {}, "Use --strategy ddp"},
+      {{"--strategy", "dp"}, {}, "Use --strategy ddp"},
+      {{"--strategy", "ddp_spawn"}, {}, "ddp_fork"},
+      {{"--strategy", "nope"}, {}, "Use auto or one of"},
+      {{"--strategy", "single_device", "--devices", "2"}, {}, "Use --strategy ddp, or --devices 1"},
+      {{"--precision", "16-mixed"}, {}, "--precision bf16-mixed"},
+      {{"--precision", "8"}, {}, "Use 32-true"},
+      {{"--num-nodes", "2"}, {}, "lockstep launch --nnodes 2"},
+      {{"--num-nodes", "0"}, {}, "--num-nodes"},
+      {{"--max-epochs", "-5"}, {}, "--max-epochs"},
+      {{"--accumulate-grad-batches", "0"}, {}, "--accumulate-grad-batches"},
+      {{"--limit-train-batches", "lots"}, {}, "fraction (0.25) nor a batch count (10)"},
+      {{"--limit-train-batches", "1.5"}, {}, "for a count write an integer"},
+      {{"--gradient-clip-algorithm", "norm2"}, {}, "value"},
+      {{"--process-group-backend", "nccl"}, {}, "--process-group-backend gloo"},
+      {{"--timeout", "0"}, {}, "--timeout"},
+      {{"--seed", "-7"}, {}, "--seed"},
+      {{"--ckpt-path", d + "/missing.ckpt"}, {}, "missing.ckpt"},
+      {{"--ckpt-path", d + "/notes.ckpt"}, {}, "notes.ckpt"},
+      {{"--ckpt-path", d + "/truncated.ckpt"}, {}, "truncated.ckpt"},
+      {{"--ckpt-path", "last"}, {}, "train once first"},
+      {{"--no-such-flag"}, {}, "--help"},
+      {{}, {{"LOCKSTEP_TRAINER_DEVICES", "-3"}}, "at least 1"},
+      {{}, {{"LOCKSTEP_TRAINER_STRATEGY", "horovod"}}, "Use --strategy ddp"},
+      {{}, {{"LOCKSTEP_TRAINER_PRECISION", "half"}}, "Use 32-true"},
+      {{}, {{"RANK", "1"}}, "WORLD_SIZE"},
+      {{}, {{"RANK", "abc"}, {"WORLD_SIZE", "2"}}, "RANK=abc"},
+      {{"--devices", "2", "--num-nodes", "2"}, slurm_job(), "Use --devices 4"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    std::map<std::string, std::string> env{{"PATH", "/usr/bin:/bin"}, {"LOCKSTEP_NO_BLAS_WARNING", "1"}};
+    for (const auto& [k, v] : cases[i].env) env[k] = v;
+    std::vector<std::string> argv{std::string(LOCKSTEP_BIN_DIR) + "/../tests/trainer_program", "--out", d,
+                                  "--default-root-dir", d + "/runs", "--max-epochs", "1"};
+    argv.insert(argv.end(), cases[i].args.begin(), cases[i].args.end());
+    auto result = testing::run_command(argv, env, std::chrono::seconds(60));
+    std::string shown;
+    for (const auto& a : cases[i].args) shown += a + " ";
+    EXPECT_EQ(result.exit_code, 2) << "case " << i << " (" << shown << "): " << result.err;
+    EXPECT_NE(result.err.find(cases[i].needle), std::string::npos)
+        << "case " << i << " (" << shown << ") should name '" << cases[i].needle << "', said: " << result.err;
+    EXPECT_EQ(result.err.find("terminate called"), std::string::npos) << "case " << i << ": " << result.err;
+    EXPECT_FALSE(std::filesystem::exists(dir / "params.0.pt")) << "case " << i << " trained anyway";
+  }
+  EXPECT_GE(cases.size(), 30u);
+}
+
+}  // namespace
+}  // namespace lockstep
