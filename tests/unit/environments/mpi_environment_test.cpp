@@ -2,46 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include "../../support/environment_fixtures.h"
+
 using namespace lockstep::environments;
+using lockstep::testing::contains;
+using lockstep::testing::error_of;
+using lockstep::testing::fixture;
+using lockstep::testing::with;
 using Vars = std::map<std::string, std::string>;
-
-namespace {
-
-Environ fixture(const std::string& name) {
-  return Environ::from_env_file(std::string(LOCKSTEP_SOURCE_DIR) +
-                                "/tests/fixtures/environments/" + name);
-}
-
-// `env` with some variables set (a value) or removed (nullopt).
-Environ with(const Environ& env, const std::map<std::string, std::optional<std::string>>& changes) {
-  auto vars = env.vars();
-  for (const auto& [name, value] : changes) {
-    if (value) {
-      vars[name] = *value;
-    } else {
-      vars.erase(name);
-    }
-  }
-  return Environ(vars);
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const EnvironmentError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an EnvironmentError";
-  return "";
-}
-
-::testing::AssertionResult contains(const std::string& text, const std::string& part) {
-  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "'" << part << "' not in: " << text;
-}
-
-}  // namespace
 
 TEST(MPIEnvironment, ReadsARecordedOpenMpiProcess) {
   // Recorded from `mpirun -np 4` (Open MPI 4.1.4, Debian 12). Its OMPI_COMM_WORLD_NODE_RANK=3
