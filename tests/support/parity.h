@@ -6,7 +6,9 @@
 #include <cmath>
 #include <functional>
 #include <iomanip>
+#include <algorithm>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -17,6 +19,16 @@
 
 namespace lockstep {
 namespace testing {
+
+/// The largest parameter difference seen in a parity run, over all rank threads.
+struct Worst {
+  std::mutex mutex;
+  double value = 0;
+  void update(double v) {
+    std::lock_guard<std::mutex> lock(mutex);
+    value = std::max(value, v);
+  }
+};
 
 /// The largest absolute difference between two tensors of one shape, and where it is.
 struct Difference {

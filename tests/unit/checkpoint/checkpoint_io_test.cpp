@@ -18,29 +18,15 @@
 
 #include "../../support/command.h"
 
+#include "../../support/temp_dir.h"
+
 namespace lockstep {
 namespace checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    char pattern[] = "/tmp/lockstep_ckpt_XXXXXX";
-    path_ = ::mkdtemp(pattern);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::permissions(path_, fs::perms::owner_all, fs::perm_options::add, ignored);
-    fs::remove_all(path_, ignored);
-  }
-  std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using TempDir = lockstep::testing::TempDir;
 
 std::vector<char> read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -142,7 +128,7 @@ TEST(CheckpointIOTest, RoundTripIsBitExact) {
   train_steps(net, sgd, 2, 6);
   train_steps(net, adam, 3, 6);
   const auto ckpt = sample_checkpoint(net, sgd, adam);
-  TempDir dir;
+  TempDir dir{"lockstep_ckpt"};
   const std::string path = dir / "sub/dir/epoch=3.ckpt";  // parent directories are created
   CheckpointIO io;
   io.save(ckpt, path);
@@ -157,7 +143,7 @@ TEST(CheckpointIOTest, RoundTripIsBitExact) {
 }
 
 TEST(CheckpointIOTest, SaveReplacesAnExistingFile) {
-  TempDir dir;
+  TempDir dir{"lockstep_ckpt"};
   CheckpointIO io;
   auto first = make_checkpoint();
   first.insert("epoch", int64_t{1});
@@ -170,7 +156,7 @@ TEST(CheckpointIOTest, SaveReplacesAnExistingFile) {
 }
 
 TEST(CheckpointIOTest, SaveRejectsAValueThatIsNotADict) {
-  TempDir dir;
+  TempDir dir{"lockstep_ckpt"};
   EXPECT_THROW(CheckpointIO().save(torch::ones({2}), dir / "x.ckpt"), UsageError);
   EXPECT_FALSE(fs::exists(dir / "x.ckpt"));
 }
@@ -178,7 +164,7 @@ TEST(CheckpointIOTest, SaveRejectsAValueThatIsNotADict) {
 // A write that fails part way (here: the file size limit, as a full disk would) keeps the old
 // checkpoint and leaves no temporary file.
 TEST(CheckpointIOTest, FailedWriteKeepsThePreviousFile) {
-  TempDir dir;
+  TempDir dir{"lockstep_ckpt"};
   CheckpointIO io;
   auto old_ckpt = make_checkpoint();
   old_ckpt.insert("epoch", int64_t{7});
@@ -210,7 +196,7 @@ TEST(CheckpointIOTest, FailedWriteKeepsThePreviousFile) {
 }
 
 TEST(CheckpointIOTest, FailedRenameLeavesNoTemporaryFile) {
-  TempDir dir;
+  TempDir dir{"lockstep_ckpt"};
   fs::create_directories(dir / "taken.ckpt/inside");  // a non-empty directory cannot be renamed over
   auto ckpt = make_checkpoint();
   ckpt.insert("epoch", int64_t{1});
@@ -220,7 +206,7 @@ TEST(CheckpointIOTest, FailedRenameLeavesNoTemporaryFile) {
 }
 
 TEST(CheckpointIOTest, UnwritableDirectoryIsAnErrorNamingThePath) {
-  TempDir dir;
+  TempDir dir{"lockstep_ckpt"};
   std::ofstream(dir / "file") << "x";
   auto ckpt = make_checkpoint();
   ckpt.insert("epoch", int64_t{1});
@@ -254,13 +240,13 @@ void expect_load_error(const std::string& path, const std::string& expected) {
 }
 
 TEST(CheckpointIOTest, MissingFileOrDirectoryIsAUsageError) {
-  TempDir dir;
+  TempDir dir{"lockstep_ckpt"};
   expect_load_error(dir / "nope.ckpt", "does not exist");
   expect_load_error(dir.path(), "is a directory");
 }
 
 TEST(CheckpointIOTest, TruncatedFileIsAUsageError) {
-  TempDir dir;
+  TempDir dir{"lockstep_ckpt"};
   auto ckpt = make_checkpoint();
   ckpt.insert("weights", torch::randn({100}));
   ckpt.insert("epoch", int64_t{1});
@@ -277,7 +263,7 @@ TEST(CheckpointIOTest, TruncatedFileIsAUsageError) {
 }
 
 TEST(CheckpointIOTest, FlippedByteInTensorDataIsDetected) {
-  TempDir dir;
+  TempDir dir{"lockstep_ckpt"};
   auto ckpt = make_checkpoint();
   ckpt.insert("weights", torch::full({16}, 1234.5f));
   CheckpointIO().save(ckpt, dir / "good.ckpt");
@@ -292,7 +278,7 @@ TEST(CheckpointIOTest, FlippedByteInTensorDataIsDetected) {
 }
 
 TEST(CheckpointIOTest, OtherFilesAreNotCheckpoints) {
-  TempDir dir;
+  TempDir dir{"lockstep_ckpt"};
   std::ofstream(dir / "notes.txt") << "epoch=3\n";
   expect_load_error(dir / "notes.txt", "not a Lockstep checkpoint");
   write_bytes(dir / "empty.ckpt", {});
@@ -320,7 +306,7 @@ TEST(CheckpointIOTest, RequireKeysNamesWhatIsMissing) {
 }
 
 TEST(CheckpointIOTest, RemoveDeletesAndIgnoresMissingFiles) {
-  TempDir dir;
+  TempDir dir{"lockstep_ckpt"};
   auto ckpt = make_checkpoint();
   CheckpointIO().save(ckpt, dir / "a.ckpt");
   CheckpointIO().remove(dir / "a.ckpt");
@@ -389,7 +375,7 @@ TEST(CheckpointIOTest, PythonTorchLoadReadsTheCheckpoint) {
   ckpt.insert("optimizer_states", optimizers);
   ckpt.insert("epoch", int64_t{4});
   ckpt.insert("global_step", int64_t{100});
-  TempDir dir;
+  TempDir dir{"lockstep_ckpt"};
   CheckpointIO().save(ckpt, dir / "mlp.ckpt");
   auto no_floats = make_checkpoint();
   no_floats.insert("state_dict", state_dict(model));

@@ -9,28 +9,15 @@
 
 #include <torch/torch.h>
 
+#include "../../support/temp_dir.h"
+
 namespace lockstep {
 namespace data {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    char pattern[] = "/tmp/lockstep_idx_XXXXXX";
-    path_ = ::mkdtemp(pattern);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using TempDir = lockstep::testing::TempDir;
 
 using Bytes = std::string;
 
@@ -107,7 +94,7 @@ float normalised(uint8_t pixel, float mean = 0.2860f, float stddev = 0.3530f) {
 class IdxFormatTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(IdxFormatTest, ReadsExactPixelsAndLabels) {
-  TempDir dir;
+  TempDir dir{"lockstep_idx"};
   write_split(dir, "train", /*gzipped=*/GetParam());
   IdxDataset dataset(IdxDatasetOptions(dir.path()));
   ASSERT_EQ(dataset.size().value(), 3u);
@@ -136,7 +123,7 @@ INSTANTIATE_TEST_SUITE_P(PlainAndGzip, IdxFormatTest, ::testing::Values(false, t
                          [](const ::testing::TestParamInfo<bool>& info) { return info.param ? "gzip" : "plain"; });
 
 TEST(IdxDatasetTest, NormalisationNumbers) {
-  TempDir dir;
+  TempDir dir{"lockstep_idx"};
   write_split(dir, "train", false);
   IdxDataset dataset(IdxDatasetOptions(dir.path()).flatten(true));
   const auto first = dataset.get(0).data;
@@ -157,7 +144,7 @@ TEST(IdxDatasetTest, NormalisationNumbers) {
 }
 
 TEST(IdxDatasetTest, GatherStacksInTheGivenOrder) {
-  TempDir dir;
+  TempDir dir{"lockstep_idx"};
   write_split(dir, "train", true);
   IdxDataset dataset(IdxDatasetOptions(dir.path()).flatten(true));
   const auto batch = dataset.gather({2, 0, 2});
@@ -172,7 +159,7 @@ TEST(IdxDatasetTest, GatherStacksInTheGivenOrder) {
 }
 
 TEST(IdxDatasetTest, WorksWithTorchDataLoader) {
-  TempDir dir;
+  TempDir dir{"lockstep_idx"};
   write_split(dir, "train", true);
   auto loader = torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(
       IdxDataset(IdxDatasetOptions(dir.path())).map(torch::data::transforms::Stack<>()), 2);
@@ -187,7 +174,7 @@ TEST(IdxDatasetTest, WorksWithTorchDataLoader) {
 }
 
 TEST(IdxDatasetTest, TestSplitReadsT10kFilesAndPrefersGzip) {
-  TempDir dir;
+  TempDir dir{"lockstep_idx"};
   write_split(dir, "train", true);
   write_split(dir, "t10k", false, {{9, 9, 9, 9, 9, 9}}, {3});
   write_split(dir, "t10k", true, {{1, 1, 1, 1, 1, 1}, {2, 2, 2, 2, 2, 2}}, {4, 5});
@@ -217,7 +204,7 @@ void expect_error(const std::function<void()>& fn, const std::vector<std::string
 }
 
 TEST(IdxDatasetErrorTest, MissingDirectoryOrFileSaysHowToInstall) {
-  TempDir dir;
+  TempDir dir{"lockstep_idx"};
   expect_error([&] { IdxDataset(IdxDatasetOptions(dir / "absent")); },
                {dir / "absent", "does not exist", "--data-dir", "apt-get install dataset-fashion-mnist",
                 "/usr/share/datasets/fashion-mnist"});
@@ -229,7 +216,7 @@ TEST(IdxDatasetErrorTest, MissingDirectoryOrFileSaysHowToInstall) {
 }
 
 TEST(IdxDatasetErrorTest, BadMagicNumber) {
-  TempDir dir;
+  TempDir dir{"lockstep_idx"};
   write_split(dir, "train", false);
   // A labels file where images belong, and a text file.
   expect_error([&] { IdxDataset(dir / "train-labels-idx1-ubyte", dir / "train-labels-idx1-ubyte"); },
@@ -240,7 +227,7 @@ TEST(IdxDatasetErrorTest, BadMagicNumber) {
 }
 
 TEST(IdxDatasetErrorTest, TruncatedOrOverlongData) {
-  TempDir dir;
+  TempDir dir{"lockstep_idx"};
   write_split(dir, "train", false);
   const Bytes images = idx_images(kImages, 2, 3);
   write(dir / "train-images-idx3-ubyte", images.substr(0, images.size() - 1));
@@ -253,7 +240,7 @@ TEST(IdxDatasetErrorTest, TruncatedOrOverlongData) {
 }
 
 TEST(IdxDatasetErrorTest, DamagedGzip) {
-  TempDir dir;
+  TempDir dir{"lockstep_idx"};
   write_split(dir, "train", true);
   const Bytes good = gzip(idx_images(kImages, 2, 3));
   write(dir / "train-images-idx3-ubyte.gz", good.substr(0, good.size() - 6));  // trailer cut
@@ -266,14 +253,14 @@ TEST(IdxDatasetErrorTest, DamagedGzip) {
 }
 
 TEST(IdxDatasetErrorTest, ImageAndLabelCountsMustMatch) {
-  TempDir dir;
+  TempDir dir{"lockstep_idx"};
   write_split(dir, "train", true, kImages, {1, 2});
   expect_error([&] { IdxDataset(IdxDatasetOptions(dir.path())); },
                {dir / "train-images-idx3-ubyte.gz", "holds 3 images", dir / "train-labels-idx1-ubyte.gz", "holds 2 labels"});
 }
 
 TEST(IdxDatasetErrorTest, ImplausibleHeader) {
-  TempDir dir;
+  TempDir dir{"lockstep_idx"};
   write_split(dir, "train", false);
   Bytes header;
   put_be32(header, 0x00000803);

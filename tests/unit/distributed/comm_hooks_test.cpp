@@ -27,14 +27,7 @@ using lockstep::testing::run_ranks;
 constexpr int kSteps = 5;
 constexpr int64_t kPerRank = 4;
 
-struct Worst {
-  std::mutex mutex;
-  double value = 0;
-  void update(double v) {
-    std::lock_guard<std::mutex> lock(mutex);
-    value = std::max(value, v);
-  }
-};
+using lockstep::testing::Worst;
 
 std::vector<at::Tensor> initial_parameters() {
   torch::manual_seed(11);

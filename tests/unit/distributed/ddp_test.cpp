@@ -29,15 +29,7 @@ constexpr double kTolerance = 1e-6;
 constexpr int kSteps = 5;
 constexpr int64_t kPerRank = 4;
 
-// The largest parameter difference seen in a parity run, over all ranks.
-struct Worst {
-  std::mutex mutex;
-  double value = 0;
-  void update(double v) {
-    std::lock_guard<std::mutex> lock(mutex);
-    value = std::max(value, v);
-  }
-};
+using lockstep::testing::Worst;
 
 std::vector<at::Tensor> initial_parameters() {
   torch::manual_seed(1);

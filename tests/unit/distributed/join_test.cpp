@@ -58,14 +58,7 @@ std::vector<at::Tensor> train_reference(const std::vector<at::Tensor>& init, con
   return clone_all(model->parameters());
 }
 
-struct Worst {
-  std::mutex mutex;
-  double value = 0;
-  void update(double v) {
-    std::lock_guard<std::mutex> lock(mutex);
-    value = std::max(value, v);
-  }
-};
+using lockstep::testing::Worst;
 
 // world size x divide_by_initial_world_size x one bucket per parameter x gradient_as_bucket_view
 using JoinParam = std::tuple<int, bool, bool, bool>;

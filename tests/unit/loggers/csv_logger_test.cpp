@@ -8,28 +8,15 @@
 #include <fstream>
 #include <limits>
 
+#include "../../support/temp_dir.h"
+
 namespace lockstep {
 namespace loggers {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    char pattern[] = "/tmp/lockstep_csv_XXXXXX";
-    path_ = ::mkdtemp(pattern);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using TempDir = lockstep::testing::TempDir;
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path);
@@ -37,7 +24,7 @@ std::string slurp(const std::string& path) {
 }
 
 TEST(CSVLoggerTest, WritesHeaderAndRowsAndWidensTheHeaderForNewMetrics) {
-  TempDir root;
+  TempDir root{"lockstep_csv"};
   CSVLogger logger(LoggerOptions(root.path()));
   logger.log_metrics({{"train_loss", 0.5}, {"epoch", 0}}, 0);
   logger.log_metrics({{"train_loss", 0.25}, {"epoch", 0}}, 1);
@@ -61,7 +48,7 @@ TEST(CSVLoggerTest, WritesHeaderAndRowsAndWidensTheHeaderForNewMetrics) {
 }
 
 TEST(CSVLoggerTest, EpochLoggedLaterMovesToTheSecondColumn) {
-  TempDir root;
+  TempDir root{"lockstep_csv"};
   CSVLogger logger(LoggerOptions(root.path()).name(""));
   logger.log_metrics({{"loss", 1}}, 0);
   logger.log_metrics({{"loss", 2}, {"epoch", 3}}, 1);
@@ -69,7 +56,7 @@ TEST(CSVLoggerTest, EpochLoggedLaterMovesToTheSecondColumn) {
 }
 
 TEST(CSVLoggerTest, ValuesReadBackAsTheSameDouble) {
-  TempDir root;
+  TempDir root{"lockstep_csv"};
   CSVLogger logger(LoggerOptions(root.path()));
   logger.log_metrics({{"a", 0.1}, {"b", 1e-10}, {"c", 123456789.125}, {"d", std::nan("")},
                       {"e", -std::numeric_limits<double>::infinity()}, {"f", 1.0 / 3.0}},
@@ -79,7 +66,7 @@ TEST(CSVLoggerTest, ValuesReadBackAsTheSameDouble) {
 }
 
 TEST(CSVLoggerTest, MetricNamesWithCommasAreQuoted) {
-  TempDir root;
+  TempDir root{"lockstep_csv"};
   CSVLogger logger(LoggerOptions(root.path()));
   logger.log_metrics({{"acc,top1", 0.5}}, 0);
   logger.log_metrics({{"say \"hi\"", 1}}, 1);
@@ -87,7 +74,7 @@ TEST(CSVLoggerTest, MetricNamesWithCommasAreQuoted) {
 }
 
 TEST(CSVLoggerTest, NextVersionIsOneMoreThanTheHighest) {
-  TempDir root;
+  TempDir root{"lockstep_csv"};
   fs::create_directories(root / "lockstep_logs/version_0");
   {
     CSVLogger logger(LoggerOptions(root.path()));
@@ -104,7 +91,7 @@ TEST(CSVLoggerTest, NextVersionIsOneMoreThanTheHighest) {
 }
 
 TEST(CSVLoggerTest, ExplicitVersionAppendsToItsFile) {
-  TempDir root;
+  TempDir root{"lockstep_csv"};
   {
     CSVLogger first(LoggerOptions(root.path()).name("exp").version(3));
     first.log_metrics({{"loss", 1}, {"epoch", 0}}, 0);
@@ -116,7 +103,7 @@ TEST(CSVLoggerTest, ExplicitVersionAppendsToItsFile) {
 }
 
 TEST(CSVLoggerTest, HyperparametersAreMergedIntoHparamsYaml) {
-  TempDir root;
+  TempDir root{"lockstep_csv"};
   CSVLogger logger(LoggerOptions(root.path()));
   logger.log_hyperparams({{"lr", 0.001},
                           {"batch_size", 64},
@@ -151,13 +138,13 @@ TEST(CSVLoggerTest, HyperparametersAreMergedIntoHparamsYaml) {
 }
 
 TEST(CSVLoggerTest, HyperparametersMustBeAnObject) {
-  TempDir root;
+  TempDir root{"lockstep_csv"};
   CSVLogger logger(LoggerOptions(root.path()));
   EXPECT_THROW(logger.log_hyperparams(nlohmann::json::array({1, 2})), UsageError);
 }
 
 TEST(CSVLoggerTest, UnwritableRootIsAUsageErrorNamingIt) {
-  TempDir root;
+  TempDir root{"lockstep_csv"};
   std::ofstream(root / "file") << "x";
   CSVLogger logger(LoggerOptions(root / "file/logs"));
   try {

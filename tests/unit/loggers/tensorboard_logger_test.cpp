@@ -11,27 +11,15 @@
 // The event file is decoded here without any of the logger's code: a bitwise CRC32C, the TFRecord
 // framing and the protobuf wire format, each written from their specifications.
 
+#include "../../support/temp_dir.h"
+
 namespace lockstep {
 namespace loggers {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    char pattern[] = "/tmp/lockstep_tb_XXXXXX";
-    path_ = ::mkdtemp(pattern);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using TempDir = lockstep::testing::TempDir;
 
 // CRC-32C one bit at a time (RFC 3720, B.4): no table to share a mistake with the logger's.
 uint32_t crc32c(const std::string& bytes) {
@@ -168,7 +156,7 @@ std::vector<std::string> event_files(const std::string& dir) {
 double now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 TEST(TensorBoardLoggerTest, EventFileDecodesToTheLoggedScalars) {
-  TempDir root;
+  TempDir root{"lockstep_tb"};
   TensorBoardLogger logger(LoggerOptions(root.path()).name("tb"));
   logger.log_metrics({{"train_loss", 0.5}, {"epoch", 0}}, 0);
   logger.log_metrics({{"train_loss", 0.25}}, 50);
@@ -205,7 +193,7 @@ TEST(TensorBoardLoggerTest, EventFileDecodesToTheLoggedScalars) {
 }
 
 TEST(TensorBoardLoggerTest, EachEventIsOnDiskWhenLogMetricsReturns) {
-  TempDir root;
+  TempDir root{"lockstep_tb"};
   TensorBoardLogger logger(LoggerOptions(root.path()));
   logger.log_metrics({{"loss", 2}}, 1);
   EXPECT_EQ(read_records(logger.event_file()).size(), 2u);
@@ -214,7 +202,7 @@ TEST(TensorBoardLoggerTest, EachEventIsOnDiskWhenLogMetricsReturns) {
 }
 
 TEST(TensorBoardLoggerTest, LoggingAfterFinalizeAppendsToTheSameFile) {
-  TempDir root;
+  TempDir root{"lockstep_tb"};
   TensorBoardLogger logger(LoggerOptions(root.path()));
   logger.log_metrics({{"loss", 2}}, 1);
   logger.finalize("success");
@@ -227,7 +215,7 @@ TEST(TensorBoardLoggerTest, LoggingAfterFinalizeAppendsToTheSameFile) {
 }
 
 TEST(TensorBoardLoggerTest, VersionsAndHparamsMatchTheCsvLogger) {
-  TempDir root;
+  TempDir root{"lockstep_tb"};
   fs::create_directories(root.path() + "/lockstep_logs/version_0");
   TensorBoardLogger logger(LoggerOptions(root.path()));
   EXPECT_EQ(logger.version(), "version_1");
