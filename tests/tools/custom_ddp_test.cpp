@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "../support/command.h"
+#include "../support/temp_dir.h"
 
 namespace lockstep {
 namespace {
@@ -17,18 +18,6 @@ const std::string custom_ddp_bin = std::string(LOCKSTEP_BIN_DIR) + "/custom_ddp"
 std::map<std::string, std::string> plain_environment() {
   return {{"PATH", "/usr/bin:/bin"}, {"HOME", "/tmp"}, {"LOCKSTEP_NO_BLAS_WARNING", "1"}};
 }
-
-struct TempDir {
-  TempDir() {
-    char pattern[] = "/tmp/lockstep_custom_ddp_XXXXXX";
-    path = ::mkdtemp(pattern);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path, ignored);
-  }
-  std::string path;
-};
 
 testing::CommandResult run_example(const std::string& root, std::vector<std::string> extra) {
   std::vector<std::string> argv{custom_ddp_bin,           "--devices",          "2",
@@ -48,9 +37,9 @@ nlohmann::json custom_ddp_line(const testing::CommandResult& result) {
 }
 
 TEST(CustomDdpExample, RegisteredStrategyUsesItsOwnWrapper) {
-  TempDir dir;
+  testing::TempDir dir("lockstep_custom_ddp");
   // 256 examples over 2 ranks = 128 each, in batches of 32: 4 training batches per epoch.
-  auto result = run_example(dir.path, {"--strategy", "custom_ddp", "--max-epochs", "1"});
+  auto result = run_example(dir.path(), {"--strategy", "custom_ddp", "--max-epochs", "1"});
   ASSERT_EQ(result.exit_code, 0) << result.err << result.out;
   const auto j = custom_ddp_line(result);
   ASSERT_FALSE(j.is_null()) << "no custom_ddp line in stdout:\n" << result.out << result.err;
@@ -62,9 +51,9 @@ TEST(CustomDdpExample, RegisteredStrategyUsesItsOwnWrapper) {
 }
 
 TEST(CustomDdpExample, CountsEveryTrainingForwardOverEpochs) {
-  TempDir dir;
+  testing::TempDir dir("lockstep_custom_ddp");
   // 200 examples over 2 ranks = 100 each, in batches of 16: 7 batches (last one short) x 2 epochs.
-  auto result = run_example(dir.path, {"--strategy", "custom_ddp", "--max-epochs", "2", "--samples", "200",
+  auto result = run_example(dir.path(), {"--strategy", "custom_ddp", "--max-epochs", "2", "--samples", "200",
                                        "--batch-size", "16"});
   ASSERT_EQ(result.exit_code, 0) << result.err << result.out;
   const auto j = custom_ddp_line(result);
@@ -76,8 +65,8 @@ TEST(CustomDdpExample, CountsEveryTrainingForwardOverEpochs) {
 }
 
 TEST(CustomDdpExample, UnknownStrategyListsTheRegisteredOnes) {
-  TempDir dir;
-  auto result = run_example(dir.path, {"--strategy", "not_registered", "--max-epochs", "1"});
+  testing::TempDir dir("lockstep_custom_ddp");
+  auto result = run_example(dir.path(), {"--strategy", "not_registered", "--max-epochs", "1"});
   EXPECT_EQ(result.exit_code, 2) << result.err << result.out;
   EXPECT_NE(result.err.find("not_registered"), std::string::npos) << result.err;
   // custom_ddp is registered by the example binary itself, next to the library's own strategies.

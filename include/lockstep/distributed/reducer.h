@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -27,6 +28,10 @@ struct Node;
 
 namespace lockstep {
 namespace distributed {
+
+/// Every autograd node a backward from `outputs` would run, the parameters' gradient
+/// accumulators included (how find_unused_parameters tells used from unused parameters).
+std::unordered_set<const torch::autograd::Node*> autograd_nodes_reached_by(const std::vector<at::Tensor>& outputs);
 
 /// When one bucket's gradients were ready, its reduction launched and finished, measured from
 /// the first gradient of the backward pass.

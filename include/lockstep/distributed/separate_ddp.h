@@ -119,6 +119,21 @@ class SeparateDDP {
   /// The DistributedDataParallel of child `name` (for no_sync(), join(), traces); throws
   /// std::invalid_argument for a child without parameters, which has none.
   DistributedDataParallelBase& ddp(const std::string& name) const;
+  /// For code that calls the children directly (`gan->generator(z)`) rather than through
+  /// module<Type>(), the two halves of what those calls do:
+  ///   sep.prepare_forward();                  // once per step, before the forwards
+  ///   auto d_loss = ...; sep.arm_for_backward(d_loss); d_loss.backward();
+  ///   auto g_loss = ...; sep.arm_for_backward(g_loss); g_loss.backward();
+  /// prepare_forward() readies every wrapped child (buffers broadcast, buckets rebuilt once);
+  /// arm_for_backward(loss) arms the DistributedDataParallel of each child whose parameters
+  /// `loss` depends on, and only those, so that its backward reduces exactly their gradients.
+  /// Every rank must make the same calls in the same order (they are collectives).
+  void prepare_forward() const;
+  void arm_for_backward(const at::Tensor& loss) const;
+  /// Whether the next backward passes synchronise gradients (false: they accumulate locally, as
+  /// under no_sync()), for every wrapped child.
+  void set_require_backward_grad_sync(bool enabled) const;
+
   /// Names of the children, in order, and whether each is wrapped.
   std::vector<std::string> children() const { return names_; }
   bool is_wrapped(const std::string& name) const { return find_ddp(name) != nullptr; }

@@ -231,9 +231,9 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs, bool 
   }
 }
 
-void Reducer::find_unused(const std::vector<at::Tensor>& outputs) {
+std::unordered_set<const torch::autograd::Node*> autograd_nodes_reached_by(const std::vector<at::Tensor>& outputs) {
   using torch::autograd::Node;
-  std::unordered_set<Node*> seen;
+  std::unordered_set<const Node*> seen;
   std::vector<Node*> stack;
   for (const auto& out : outputs) {
     if (!out.defined() || !out.requires_grad()) continue;
@@ -251,6 +251,11 @@ void Reducer::find_unused(const std::vector<at::Tensor>& outputs) {
       if (edge.function) stack.push_back(edge.function.get());
     }
   }
+  return seen;
+}
+
+void Reducer::find_unused(const std::vector<at::Tensor>& outputs) {
+  const auto seen = autograd_nodes_reached_by(outputs);
   unused_.clear();
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!seen.count(accumulators_[i].get())) unused_.push_back(i);

@@ -3,7 +3,11 @@
 #include <sstream>
 
 #include <torch/cuda.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
+
+#include <lockstep/distributed/reducer.h>
 
 namespace lockstep {
 namespace distributed {
@@ -33,6 +37,15 @@ c10::Device choose_device(const torch::nn::Module& module, const std::vector<c10
                                 "{torch::kCPU} or empty).");
   }
   return device;
+}
+
+bool depends_on_any(const std::unordered_set<const torch::autograd::Node*>& reached, const torch::nn::Module& module) {
+  for (const auto& p : module.parameters()) {
+    if (!p.requires_grad()) continue;
+    const auto accumulator = torch::autograd::impl::try_get_grad_accumulator(p);
+    if (accumulator && reached.count(accumulator.get())) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -75,6 +88,25 @@ DistributedDataParallelBase* SeparateDDP::find_ddp(const std::string& name) cons
   child_module(name);  // throws for an unknown name
   auto it = ddps_.find(name);
   return it == ddps_.end() ? nullptr : it->second.get();
+}
+
+void SeparateDDP::arm_for_backward(const at::Tensor& loss) const {
+  const auto reached = autograd_nodes_reached_by({loss});
+  for (const auto& name : names_) {
+    auto it = ddps_.find(name);
+    if (it != ddps_.end() && depends_on_any(reached, *children_.at(name))) it->second->finish_forward(loss);
+  }
+}
+
+void SeparateDDP::prepare_forward() const {
+  for (const auto& name : names_) {
+    auto it = ddps_.find(name);
+    if (it != ddps_.end()) it->second->prepare_forward();
+  }
+}
+
+void SeparateDDP::set_require_backward_grad_sync(bool enabled) const {
+  for (const auto& entry : ddps_) entry.second->set_require_backward_grad_sync(enabled);
 }
 
 DistributedDataParallelBase& SeparateDDP::ddp(const std::string& name) const {

@@ -60,6 +60,8 @@ void DDPStrategy::setup_environment() {
       distributed::ProcessGroupOptions(env.global_rank(), env.world_size())
           .main_address(env.main_address())
           .main_port(env.main_port())
+          .use_agent_store(env.use_agent_store())
+          .restart_count(env.restart_count())
           .backend(context_.process_group_backend)
           .timeout(std::chrono::milliseconds(static_cast<int64_t>(context_.timeout_seconds * 1000))));
 }
@@ -90,8 +92,10 @@ void DDPStrategy::setup_module(const std::shared_ptr<TrainingModule>& module) {
 void DDPStrategy::teardown() { ddp_.reset(); }
 
 torch::Tensor DDPStrategy::training_step(TrainingModule& module, Batch& batch, int64_t batch_idx) {
-  if (!module.automatic_optimization()) return module.training_step(batch, batch_idx);
+  // Before the forward, also with manual optimisation: backward may need the broadcast buffers
+  // unchanged (batch norm saves them).
   ddp_->prepare_forward();
+  if (!module.automatic_optimization()) return module.training_step(batch, batch_idx);
   torch::Tensor loss = module.training_step(batch, batch_idx);
   if (loss.defined()) ddp_->finish_forward(loss);
   return loss;
@@ -99,9 +103,17 @@ torch::Tensor DDPStrategy::training_step(TrainingModule& module, Batch& batch, i
 
 void DDPStrategy::manual_backward(const torch::Tensor& loss) {
   // A manual step computes its outputs outside the wrapper; arm the reduction from the loss.
-  ddp_->prepare_forward();
   ddp_->finish_forward(loss);
-  loss.backward();
+  try {
+    loss.backward();
+  } catch (const distributed::DistributedError& e) {
+    const std::string message = e.what();
+    if (message.find("were not used in producing loss") == std::string::npos) throw;
+    // The usual cause here: parts of the model trained in alternation (a GAN).
+    throw distributed::DistributedError(message + " If parts of the model are updated in alternation (a GAN's "
+                                        "generator and discriminator), use --strategy ddp_separate: one "
+                                        "DistributedDataParallel per child module.");
+  }
 }
 
 void DDPStrategy::set_gradient_sync(bool enabled) {
