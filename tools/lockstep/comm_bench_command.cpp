@@ -160,6 +160,8 @@ int run_worker(const BenchArgs& args) {
       distributed::ProcessGroupOptions(env->global_rank(), env->world_size())
           .main_address(env->main_address())
           .main_port(env->main_port())
+          .use_agent_store(env->use_agent_store())
+          .restart_count(env->restart_count())
           .timeout(std::chrono::milliseconds(static_cast<int64_t>(args.timeout * 1000))));
   auto& g = *group;
   const int n = g.world_size();

@@ -36,7 +36,9 @@ class DistributedError : public std::runtime_error {
 class ProcessGroup {
  public:
   /// Rendezvous through a TCPStore hosted by rank 0 at main_address:main_port, then create the
-  /// backend. Fails with DistributedError after `timeout` if some rank never arrives.
+  /// backend. With use_agent_store, every rank instead joins the store torchrun's agent hosts
+  /// there, under "/worker/attempt_<restart_count>". Fails with DistributedError after `timeout`
+  /// if some rank (or the agent's store) never answers.
   static std::shared_ptr<ProcessGroup> init(const ProcessGroupOptions& options);
   /// Join through an existing store (an in-memory c10d::HashStore for ranks running as threads
   /// in one process, in tests).

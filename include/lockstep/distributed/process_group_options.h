@@ -21,10 +21,19 @@ struct ProcessGroupOptions {
   TORCH_ARG(int, rank);
   /// Number of processes in the job.
   TORCH_ARG(int, world_size);
-  /// Address of rank 0, which hosts the TCPStore. Default: "127.0.0.1".
+  /// Address of the TCPStore: rank 0's, or the launcher agent's with use_agent_store.
+  /// Default: "127.0.0.1".
   TORCH_ARG(std::string, main_address) = "127.0.0.1";
-  /// Port of the TCPStore on rank 0. Default: 29500.
+  /// Port of that TCPStore. Default: 29500.
   TORCH_ARG(int, main_port) = 29500;
+  /// The launcher's agent already hosts the TCPStore at main_address:main_port (torchrun's
+  /// default static rendezvous sets TORCHELASTIC_USE_AGENT_STORE=True), so every rank, rank 0
+  /// included, joins it as a client. Default: false (rank 0 hosts the store).
+  TORCH_ARG(bool, use_agent_store) = false;
+  /// With use_agent_store, the ranks' keys live under "/worker/attempt_<restart_count>" of the
+  /// agent's store, as in PyTorch, so that workers the agent restarted never read the keys of
+  /// the attempt before. Default: 0 (TORCHELASTIC_RESTART_COUNT).
+  TORCH_ARG(int, restart_count) = 0;
   /// `gloo` (CPU), `nccl` (CUDA) or `mpi`; the latter two need a LibTorch built with them.
   /// Default: "gloo".
   TORCH_ARG(std::string, backend) = "gloo";

@@ -59,6 +59,13 @@ class ClusterEnvironment {
   virtual int global_rank() const = 0;
   virtual int local_rank() const = 0;
   virtual int node_rank() const = 0;
+  /// True when the launcher's agent already hosts the rendezvous store at main_address():
+  /// main_port(), so that every rank, rank 0 included, joins it as a client (torchrun's static
+  /// rendezvous). Default: false (rank 0 hosts the store).
+  virtual bool use_agent_store() const { return false; }
+  /// How many times the launcher has restarted the workers; with use_agent_store() the ranks of
+  /// each attempt meet under their own keys. Default: 0.
+  virtual int restart_count() const { return 0; }
   /// Throws EnvironmentError when the trainer's devices/num_nodes contradict the scheduler.
   virtual void validate_settings(int /*devices*/, int /*num_nodes*/) const {}
   /// One line for logs and `lockstep env`, e.g.

@@ -17,6 +17,9 @@ namespace environments {
 ///   node_rank     GROUP_RANK
 ///   main_address  MASTER_ADDR, default "127.0.0.1"
 ///   main_port     MASTER_PORT (required; torchrun always sets it)
+///   use_agent_store  TORCHELASTIC_USE_AGENT_STORE == "True" (as in PyTorch), default false:
+///                 torchrun's static rendezvous (its default) hosts the store on MASTER_PORT itself
+///   restart_count TORCHELASTIC_RESTART_COUNT, default 0; required with use_agent_store
 /// Example: `torchrun --nnodes=2 --nproc_per_node=4 ... ./train --devices 4 --num-nodes 2`.
 class TorchElasticEnvironment : public ClusterEnvironment {
  public:
@@ -33,6 +36,8 @@ class TorchElasticEnvironment : public ClusterEnvironment {
   int global_rank() const override { return global_rank_; }
   int local_rank() const override { return local_rank_; }
   int node_rank() const override { return node_rank_; }
+  bool use_agent_store() const override { return use_agent_store_; }
+  int restart_count() const override { return restart_count_; }
   /// Number of workers torchrun started on this node (LOCAL_WORLD_SIZE).
   int local_world_size() const { return local_world_size_; }
 
@@ -48,6 +53,8 @@ class TorchElasticEnvironment : public ClusterEnvironment {
   int local_rank_ = 0;
   int local_world_size_ = 0;
   int node_rank_ = 0;
+  bool use_agent_store_ = false;
+  int restart_count_ = 0;
 };
 
 }  // namespace environments

@@ -31,6 +31,11 @@ void validate(const ProcessGroupOptions& o) {
     throw DistributedError("main_port=" + std::to_string(o.main_port()) +
                            " is not a TCP port: use 1..65535 (MASTER_PORT).");
   }
+  if (o.restart_count() < 0) {
+    throw DistributedError("restart_count=" + std::to_string(o.restart_count()) +
+                           " is not an attempt number: it counts restarts from 0 "
+                           "(TORCHELASTIC_RESTART_COUNT).");
+  }
   const auto backends = available_backends();
   if (std::find(backends.begin(), backends.end(), o.backend()) == backends.end()) {
     std::string hint = o.backend() == "nccl" || o.backend() == "mpi"
@@ -97,20 +102,31 @@ std::shared_ptr<ProcessGroup> ProcessGroup::init(const ProcessGroupOptions& opti
   validate(options);
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<std::uint16_t>(options.main_port());
-  store_options.isServer = options.rank() == 0;
-  store_options.numWorkers = options.world_size();
-  store_options.waitWorkers = true;
   store_options.timeout = options.timeout();
+  // Under torchrun's agent every rank is a client of the agent's store, which stays up for the
+  // whole job: nobody waits for workers, and nothing is written outside this attempt's prefix.
+  store_options.isServer = options.rank() == 0 && !options.use_agent_store();
+  store_options.waitWorkers = !options.use_agent_store();
+  if (!options.use_agent_store()) store_options.numWorkers = options.world_size();
+  const std::string endpoint = options.main_address() + ":" + std::to_string(options.main_port());
   c10::intrusive_ptr<c10d::Store> store;
   try {
     store = c10::make_intrusive<c10d::TCPStore>(options.main_address(), store_options);
   } catch (const std::exception& e) {
-    throw DistributedError(
-        "rank " + std::to_string(options.rank()) + "/" + std::to_string(options.world_size()) +
-        ": rendezvous at " + options.main_address() + ":" + std::to_string(options.main_port()) +
-        " failed within " + seconds(options.timeout()) + " (" + e.what() +
-        "). Check that every rank was started with the same MASTER_ADDR/MASTER_PORT, that rank 0 "
-        "is running and that the port is free.");
+    const std::string check =
+        options.use_agent_store()
+            ? "Check that torchrun's agent is still running and listens at " + endpoint +
+                  " (TORCHELASTIC_USE_AGENT_STORE=True: every rank joins the agent's store)."
+            : "Check that every rank was started with the same MASTER_ADDR/MASTER_PORT, that rank 0 "
+              "is running and that the port is free.";
+    throw DistributedError("rank " + std::to_string(options.rank()) + "/" +
+                           std::to_string(options.world_size()) + ": rendezvous at " + endpoint +
+                           " failed within " + seconds(options.timeout()) + " (" + e.what() + "). " +
+                           check);
+  }
+  if (options.use_agent_store()) {
+    store = c10::make_intrusive<c10d::PrefixStore>(
+        "/worker/attempt_" + std::to_string(options.restart_count()), store);
   }
   return init_with_store(store, options);
 }

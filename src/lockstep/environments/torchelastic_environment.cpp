@@ -1,5 +1,6 @@
 #include "lockstep/environments/torchelastic_environment.h"
 
+#include <optional>
 #include <string>
 
 namespace lockstep {
@@ -47,6 +48,16 @@ TorchElasticEnvironment::TorchElasticEnvironment(const Environ& env) {
         "torchrun --master_port=PORT, or set MASTER_PORT to the port of rank 0's store.");
   }
   main_port_ = detail::parse_port("MASTER_PORT", *port);
+
+  // PyTorch's rule (torch/distributed/rendezvous.py): only the exact string "True" counts.
+  use_agent_store_ = env.get("TORCHELASTIC_USE_AGENT_STORE") == std::optional<std::string>("True");
+  restart_count_ = env.get_int("TORCHELASTIC_RESTART_COUNT").value_or(0);
+  if (use_agent_store_ && !env.has("TORCHELASTIC_RESTART_COUNT")) {
+    throw EnvironmentError(
+        "TORCHELASTIC_USE_AGENT_STORE=True but TORCHELASTIC_RESTART_COUNT is not set: the ranks "
+        "meet under the key prefix of their attempt in torchrun's store, and torchrun sets both. "
+        "Launch with torchrun, or set TORCHELASTIC_RESTART_COUNT=0.");
+  }
 }
 
 void TorchElasticEnvironment::validate_settings(int devices, int num_nodes) const {

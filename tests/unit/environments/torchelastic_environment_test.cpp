@@ -1,5 +1,10 @@
 #include "lockstep/environments/torchelastic_environment.h"
 
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include <gtest/gtest.h>
 
 #include "../../support/environment_fixtures.h"
@@ -22,6 +27,9 @@ TEST(TorchElasticEnvironment, ReadsARecordedTorchrunWorker) {
   EXPECT_EQ(environment.node_rank(), 0);
   EXPECT_EQ(environment.main_address(), "127.0.0.1");
   EXPECT_EQ(environment.main_port(), 29511);
+  // torchrun's default static rendezvous: its agent hosts the store on MASTER_PORT.
+  EXPECT_TRUE(environment.use_agent_store());
+  EXPECT_EQ(environment.restart_count(), 0);
 }
 
 TEST(TorchElasticEnvironment, ReadsAWorkerOnTheSecondNode) {
@@ -32,6 +40,32 @@ TEST(TorchElasticEnvironment, ReadsAWorkerOnTheSecondNode) {
   EXPECT_EQ(environment.node_rank(), 1);
   EXPECT_EQ(environment.main_address(), "gpu-node01");
   EXPECT_EQ(environment.main_port(), 44517);
+  // --rdzv_backend=c10d: the agent hands the workers a free MASTER_PORT for rank 0 to host.
+  EXPECT_FALSE(environment.use_agent_store());
+}
+
+TEST(TorchElasticEnvironment, AgentStoreFollowsPyTorchsRule) {
+  // torch/distributed/rendezvous.py: only the exact string "True" means the agent's store.
+  Environ env = fixture("torchrun_single_node_rank1.env");
+  const std::vector<std::pair<std::optional<std::string>, bool>> cases = {
+      {"True", true}, {"False", false}, {"true", false}, {"1", false}, {std::nullopt, false}};
+  for (const auto& [value, expected] : cases) {
+    TorchElasticEnvironment environment(with(env, {{"TORCHELASTIC_USE_AGENT_STORE", value}}));
+    EXPECT_EQ(environment.use_agent_store(), expected) << value.value_or("(unset)");
+  }
+  EXPECT_EQ(TorchElasticEnvironment(with(env, {{"TORCHELASTIC_RESTART_COUNT", "3"}})).restart_count(), 3);
+  EXPECT_TRUE(contains(
+      error_of([&] { TorchElasticEnvironment(with(env, {{"TORCHELASTIC_RESTART_COUNT", "x"}})); }),
+      "TORCHELASTIC_RESTART_COUNT=x"));
+  EXPECT_TRUE(contains(error_of([&] {
+                         TorchElasticEnvironment(with(env, {{"TORCHELASTIC_RESTART_COUNT", std::nullopt}}));
+                       }),
+                       "TORCHELASTIC_RESTART_COUNT is not set"));
+  // Without the agent's store the restart count only labels the attempt, and defaults to 0.
+  EXPECT_EQ(TorchElasticEnvironment(with(env, {{"TORCHELASTIC_USE_AGENT_STORE", "False"},
+                                               {"TORCHELASTIC_RESTART_COUNT", std::nullopt}}))
+                .restart_count(),
+            0);
 }
 
 TEST(TorchElasticEnvironment, DetectsOnLightningsFourVariables) {

@@ -1,0 +1,164 @@
+// ProcessGroup::init over real TCPStores. Under torchrun's default static rendezvous the agent
+// already hosts the store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True): here a TCPStore
+// server on a free port plays that agent, and the ranks run as threads.
+#include <lockstep/distributed/process_group.h>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/torch.h>
+
+#include <lockstep/distributed/collectives.h>
+
+namespace lockstep {
+namespace distributed {
+namespace {
+
+using namespace std::chrono_literals;
+
+// What torchrun's agent starts before its workers: a TCPStore server, here on a port the kernel
+// picks, so that no other test can hold it.
+c10::intrusive_ptr<c10d::TCPStore> start_agent_store() {
+  c10d::TCPStoreOptions options;
+  options.port = 0;
+  options.isServer = true;
+  options.waitWorkers = false;
+  options.timeout = 20s;
+  return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
+}
+
+// A port that nothing listens on (the kernel's pick, released at once).
+int closed_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+// Options of `rank` as torchrun's static rendezvous gives them: every rank joins the agent's
+// store of attempt `restart_count`.
+ProcessGroupOptions under_torchrun(int rank, int world_size, int port, int restart_count) {
+  return ProcessGroupOptions(rank, world_size)
+      .main_address("127.0.0.1")
+      .main_port(port)
+      .use_agent_store(true)
+      .restart_count(restart_count)
+      .timeout(20s);
+}
+
+// Runs `world_size` ranks as threads through ProcessGroup::init; rethrows the first failure.
+void run_ranks(int world_size, const std::function<ProcessGroupOptions(int)>& options_of,
+               const std::function<void(ProcessGroup&)>& body) {
+  std::vector<std::thread> threads;
+  std::mutex mutex;
+  std::exception_ptr failure;
+  for (int rank = 0; rank < world_size; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        auto group = ProcessGroup::init(options_of(rank));
+        body(*group);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (!failure) failure = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (failure) std::rethrow_exception(failure);
+}
+
+// Every rank checks an all_reduce, then leaves `probe/<rank>` = `value` in the group's store.
+void all_reduce_and_probe(ProcessGroup& group, const std::string& value) {
+  const int n = group.world_size();
+  auto total = all_reduce(group, torch::tensor({static_cast<float>(group.rank() + 1)}), ReduceOp::sum);
+  EXPECT_EQ(total.item<float>(), n * (n + 1) / 2.0f) << "rank " << group.rank();
+  group.store()->set("probe/" + std::to_string(group.rank()), std::vector<uint8_t>(value.begin(), value.end()));
+  barrier(group, "probed");
+}
+
+std::string value_of(c10d::Store& store, const std::string& key) {
+  const auto bytes = store.get(key);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+class AgentStore : public ::testing::TestWithParam<int> {};
+
+TEST_P(AgentStore, EveryRankJoinsTheAgentsStoreUnderTheAttemptPrefix) {
+  const int world_size = GetParam();
+  auto agent = start_agent_store();
+  run_ranks(
+      world_size, [&](int rank) { return under_torchrun(rank, world_size, agent->getPort(), 3); },
+      [](ProcessGroup& group) { all_reduce_and_probe(group, "3"); });
+  for (int rank = 0; rank < world_size; ++rank) {
+    const std::string key = "lockstep/world/probe/" + std::to_string(rank);
+    EXPECT_TRUE(agent->check({"/worker/attempt_3/" + key})) << "rank " << rank;
+    EXPECT_FALSE(agent->check({key})) << "rank " << rank;
+  }
+}
+
+TEST_P(AgentStore, ARestartedAttemptMeetsUnderItsOwnKeys) {
+  // The agent's store outlives the workers it restarts: attempt 4 must not read (nor overwrite)
+  // attempt 3's keys, whose gloo addresses name sockets that are gone.
+  const int world_size = GetParam();
+  auto agent = start_agent_store();
+  for (int attempt : {3, 4}) {
+    run_ranks(
+        world_size,
+        [&](int rank) { return under_torchrun(rank, world_size, agent->getPort(), attempt); },
+        [&](ProcessGroup& group) { all_reduce_and_probe(group, std::to_string(attempt)); });
+  }
+  for (int attempt : {3, 4}) {
+    for (int rank = 0; rank < world_size; ++rank) {
+      const std::string key =
+          "/worker/attempt_" + std::to_string(attempt) + "/lockstep/world/probe/" + std::to_string(rank);
+      EXPECT_EQ(value_of(*agent, key), std::to_string(attempt)) << key;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, AgentStore, ::testing::Values(2, 3),
+                         [](const auto& info) { return "ranks" + std::to_string(info.param); });
+
+TEST(AgentStore, RankZeroThatHostsFindsThePortTaken) {
+  // The bug this option fixes: without it rank 0 tries to host a store on the agent's port.
+  auto agent = start_agent_store();
+  try {
+    ProcessGroup::init(ProcessGroupOptions(0, 2).main_port(agent->getPort()).timeout(5s));
+    ADD_FAILURE() << "rank 0 hosted a store on the agent's port";
+  } catch (const DistributedError& e) {
+    EXPECT_NE(std::string(e.what()).find("the port is free"), std::string::npos) << e.what();
+  }
+}
+
+TEST(AgentStore, NoAgentIsAnErrorWithinTheTimeout) {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    ProcessGroup::init(under_torchrun(0, 2, closed_port(), 0).timeout(1s));
+    ADD_FAILURE() << "rendezvous without an agent succeeded";
+  } catch (const DistributedError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("rank 0/2: rendezvous at 127.0.0.1:"), std::string::npos) << message;
+    EXPECT_NE(message.find("torchrun's agent"), std::string::npos) << message;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 15s);
+}
+
+}  // namespace
+}  // namespace distributed
+}  // namespace lockstep
