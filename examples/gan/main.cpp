@@ -25,23 +25,25 @@ struct Flags {
   int64_t batch_size = 64;
   double lr = 2e-4;
   int64_t latent = 64;
+  int64_t width = 64;  // channels of the generator's last hidden layer and the discriminator's first
   int64_t grid = 8;  // samples per side of the PNG grid
   std::string data_dir = data::kFashionMnistDirectory;
 };
 
-// latent -> 64x7x7 -> 32x14x14 -> 1x28x28 in [-1, 1].
+// latent -> 2w x 7x7 -> w x 14x14 -> 1x28x28 in [-1, 1].
 struct GeneratorImpl : nn::Module {
-  explicit GeneratorImpl(int64_t latent) {
-    fc = register_module("fc", nn::Linear(latent, 64 * 7 * 7));
-    bn0 = register_module("bn0", nn::BatchNorm1d(64 * 7 * 7));
-    up1 = register_module("up1", nn::ConvTranspose2d(nn::ConvTranspose2dOptions(64, 32, 4).stride(2).padding(1)));
-    bn1 = register_module("bn1", nn::BatchNorm2d(32));
-    up2 = register_module("up2", nn::ConvTranspose2d(nn::ConvTranspose2dOptions(32, 1, 4).stride(2).padding(1)));
+  GeneratorImpl(int64_t latent, int64_t w) : w(w) {
+    fc = register_module("fc", nn::Linear(latent, 2 * w * 7 * 7));
+    bn0 = register_module("bn0", nn::BatchNorm1d(2 * w * 7 * 7));
+    up1 = register_module("up1", nn::ConvTranspose2d(nn::ConvTranspose2dOptions(2 * w, w, 4).stride(2).padding(1)));
+    bn1 = register_module("bn1", nn::BatchNorm2d(w));
+    up2 = register_module("up2", nn::ConvTranspose2d(nn::ConvTranspose2dOptions(w, 1, 4).stride(2).padding(1)));
   }
   torch::Tensor forward(const torch::Tensor& z) {
-    auto x = torch::relu(bn0(fc(z))).view({z.size(0), 64, 7, 7});
+    auto x = torch::relu(bn0(fc(z))).view({z.size(0), 2 * w, 7, 7});
     return torch::tanh(up2(torch::relu(bn1(up1(x)))));
   }
+  int64_t w;
   nn::Linear fc{nullptr};
   nn::BatchNorm1d bn0{nullptr};
   nn::ConvTranspose2d up1{nullptr}, up2{nullptr};
@@ -49,13 +51,13 @@ struct GeneratorImpl : nn::Module {
 };
 TORCH_MODULE(Generator);
 
-// 1x28x28 -> 32x14x14 -> 64x7x7 -> one logit (real or fake).
+// 1x28x28 -> w x 14x14 -> 2w x 7x7 -> one logit (real or fake).
 struct DiscriminatorImpl : nn::Module {
-  DiscriminatorImpl() {
-    conv1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(1, 32, 4).stride(2).padding(1)));
-    conv2 = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(32, 64, 4).stride(2).padding(1)));
-    bn2 = register_module("bn2", nn::BatchNorm2d(64));
-    fc = register_module("fc", nn::Linear(64 * 7 * 7, 1));
+  explicit DiscriminatorImpl(int64_t w) {
+    conv1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(1, w, 4).stride(2).padding(1)));
+    conv2 = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(w, 2 * w, 4).stride(2).padding(1)));
+    bn2 = register_module("bn2", nn::BatchNorm2d(2 * w));
+    fc = register_module("fc", nn::Linear(2 * w * 7 * 7, 1));
   }
   torch::Tensor forward(const torch::Tensor& images) {
     auto x = torch::leaky_relu(conv1(images.view({images.size(0), 1, 28, 28})), 0.2);
@@ -68,6 +70,21 @@ struct DiscriminatorImpl : nn::Module {
 };
 TORCH_MODULE(Discriminator);
 
+// The DCGAN paper's initialisation: weights from N(0, 0.02), batch-norm scales from N(1, 0.02).
+void dcgan_init(nn::Module& module) {
+  torch::NoGradGuard no_grad;
+  for (auto& item : module.named_parameters()) {
+    const auto& name = item.key();
+    auto& p = item.value();
+    const bool batch_norm = name.find("bn") != std::string::npos;
+    if (name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0) {
+      p.zero_();
+    } else {
+      p.normal_(batch_norm ? 1.0 : 0.0, 0.02);
+    }
+  }
+}
+
 torch::Tensor bce(const torch::Tensor& logits, double label) {
   return torch::binary_cross_entropy_with_logits(logits, torch::full_like(logits, label));
 }
@@ -75,21 +92,29 @@ torch::Tensor bce(const torch::Tensor& logits, double label) {
 class Gan : public TrainingModule {
  public:
   explicit Gan(const Flags& flags) : flags_(flags) {
-    generator = register_module("generator", Generator(flags.latent));
-    discriminator = register_module("discriminator", Discriminator());
+    generator = register_module("generator", Generator(flags.latent, flags.width));
+    discriminator = register_module("discriminator", Discriminator(flags.width));
+    dcgan_init(*this);
     automatic_optimization(false);
     // The same noise for every grid, so the pictures show the generator changing.
     fixed_noise_ = torch::randn({flags.grid * flags.grid, flags.latent},
                                 torch::make_generator<at::CPUGeneratorImpl>(1234));
     hparams() = {{"batch_size", std::to_string(flags.batch_size)}, {"lr", std::to_string(flags.lr)},
-                 {"latent", std::to_string(flags.latent)}};
+                 {"latent", std::to_string(flags.latent)}, {"width", std::to_string(flags.width)}};
+  }
+
+  // Each rank draws its own noise: with one seed everywhere, every rank would generate the same
+  // fakes, and the global batch would hold each fake world-size times.
+  void on_fit_start() override {
+    const uint64_t seed = static_cast<uint64_t>(torch::randint(1 << 30, {1}).item<int64_t>());
+    noise_ = torch::make_generator<at::CPUGeneratorImpl>(seed + 7919 * static_cast<uint64_t>(global_rank()));
   }
 
   torch::Tensor training_step(Batch& batch, int64_t) override {
     const auto& opt_g = optimizers()[0];
     const auto& opt_d = optimizers()[1];
     const auto& real = batch.data;
-    auto fake = generator(torch::randn({real.size(0), flags_.latent}, real.options()));
+    auto fake = generator(torch::randn({real.size(0), flags_.latent}, noise_).to(real.device()));
 
     // Discriminator: real images are 1, generated ones 0. `fake` is detached, so this backward
     // reaches the discriminator only, and only its gradients are reduced.
@@ -145,10 +170,11 @@ class Gan : public TrainingModule {
  private:
   // An 8x8 grid of generated 28x28 images, white on black, as samples/epoch_N.png in the log folder.
   void write_grid() {
+    // In training mode, as DCGAN samples: batch norm normalises with the grid's own statistics
+    // (the running averages, mixed over a whole epoch of a changing generator, blur the samples).
+    // Rank 0's running statistics take one extra update, which the next step's broadcast shares.
     torch::NoGradGuard no_grad;
-    generator->eval();
     auto images = generator(fixed_noise_.to(device())).to(torch::kCPU);
-    generator->train();
     const int64_t n = flags_.grid, side = 28 * n;
     auto pixels = ((images.view({n, n, 28, 28}) + 1) * 127.5).clamp(0, 255).to(torch::kUInt8);
     pixels = pixels.permute({0, 2, 1, 3}).contiguous().view({side, side});
@@ -164,6 +190,7 @@ class Gan : public TrainingModule {
 
   Flags flags_;
   torch::Tensor fixed_noise_;
+  at::Generator noise_;
 };
 
 int run(int argc, char** argv) {
@@ -177,6 +204,8 @@ int run(int argc, char** argv) {
   app.add_option("--lr", flags.lr, "Adam learning rate of both parts")->check(CLI::Range(1e-12, 1.0))->capture_default_str();
   app.add_option("--latent", flags.latent, "size of the generator's noise input")
       ->check(CLI::Range(int64_t{1}, int64_t{4096}))->capture_default_str();
+  app.add_option("--width", flags.width, "channels of the generator's last and the discriminator's first layer")
+      ->check(CLI::Range(int64_t{1}, int64_t{1024}))->capture_default_str();
   app.add_option("--data-dir", flags.data_dir, "folder with the *-idx?-ubyte(.gz) files")->capture_default_str();
   const int parsed = cli::parse_or_exit_code(app, argc, argv);
   if (parsed >= 0) return parsed;

@@ -27,7 +27,8 @@ testing::CommandResult run_gan(const std::string& root, const std::vector<std::s
                                 "2",             "--limit-train-batches", "3",     "--batch-size",
                                 "16",            "--enable-progress-bar", "false", "--enable-checkpointing",
                                 "false",         "--seed",              "7",       "--log-every-n-steps",
-                                "1",             "--default-root-dir",  root};
+                                "1",             "--width",             "16",      "--default-root-dir",
+                                root};
   argv.insert(argv.end(), extra.begin(), extra.end());
   return run_command(argv, {{"PATH", "/usr/bin:/bin"}, {"HOME", "/tmp"}, {"LOCKSTEP_NO_BLAS_WARNING", "1"}},
                      std::chrono::seconds(90));

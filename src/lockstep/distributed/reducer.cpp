@@ -360,7 +360,8 @@ void Reducer::finalize_backward() {
     }
     fail(group_.describe() + ": expected to have finished reduction in this backward pass, but parameters were "
          "not used in producing loss: " + join(missing, 20) +
-         ". Use DDPOptions().find_unused_parameters(true) if the forward skips them on purpose, or make sure "
+         ". Use DDPOptions().find_unused_parameters(true) (with the Trainer: --strategy "
+         "ddp_find_unused_parameters_true) if the forward skips them on purpose, or make sure "
          "all outputs of forward take part in calculating the loss.");
   }
   for (size_t b = 0; b < buckets_.size(); ++b) {
