@@ -19,6 +19,7 @@
 #include <lockstep/core/blas.h>
 #include <lockstep/core/data_loader.h>
 #include <lockstep/core/dataset.h>
+#include <lockstep/core/retry.h>
 #include <lockstep/core/seed.h>
 #include <lockstep/core/training_module.h>
 #include <lockstep/core/usage_error.h>
@@ -50,6 +51,7 @@
 #include <lockstep/loggers/tensorboard_logger.h>
 #include <lockstep/strategies/ddp_strategy.h>
 #include <lockstep/strategies/registry.h>
+#include <lockstep/strategies/separate_ddp_strategy.h>
 #include <lockstep/strategies/strategy.h>
 #include <lockstep/trainer/connector.h>
 #include <lockstep/trainer/trainer.h>

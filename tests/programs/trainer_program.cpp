@@ -1,6 +1,7 @@
 // A Trainer run driven by the Trainer flags, for the multi-process Trainer tests and the
 // bad-input table: trains tests/support/regression.h's model and writes each rank's parameters.
-//   trainer_program [trainer flags] --out DIR [--batch-size B] [--adam] [--save PATH]
+//   trainer_program [trainer flags] --out DIR [--batch-size B] [--adam] [--save PATH] [--val]
+// With --val it also validates (32 examples) and writes each rank's validation count.
 #include <fstream>
 
 #include <lockstep/cli/guarded_main.h>
@@ -9,6 +10,19 @@
 
 #include "../support/regression.h"
 
+namespace {
+
+// Validations that ran during fit, sanity checks not counted.
+struct CountValidations : lockstep::Callback {
+  std::string name() const override { return "CountValidations"; }
+  void on_validation_end(lockstep::Trainer& trainer, lockstep::TrainingModule&) override {
+    if (!trainer.sanity_checking()) ++count;
+  }
+  int64_t count = 0;
+};
+
+}  // namespace
+
 int main(int argc, char** argv) {
   return lockstep::cli::guarded_main("trainer_program", [&] {
     CLI::App app{"trainer test program", "trainer_program"};
@@ -16,11 +30,12 @@ int main(int argc, char** argv) {
     lockstep::cli::add_trainer_flags(app, options);
     std::string out, save;
     int64_t batch_size = 8;
-    bool adam = false;
+    bool adam = false, validate = false;
     app.add_option("--out", out)->required();
     app.add_option("--batch-size", batch_size);
     app.add_option("--save", save);
     app.add_flag("--adam", adam);
+    app.add_flag("--val", validate);
     const int parsed = lockstep::cli::parse_or_exit_code(app, argc, argv);
     if (parsed >= 0) return parsed;
     torch::set_num_threads(1);
@@ -28,10 +43,19 @@ int main(int argc, char** argv) {
     auto model = std::make_shared<lockstep::testing::Regressor>(adam);
     auto data = lockstep::testing::regression_data(64);
     lockstep::Trainer trainer(options.enable_progress_bar(false).num_sanity_val_steps(0));
-    trainer.fit(model, std::make_shared<lockstep::DataLoader>(data, lockstep::DataLoaderOptions(batch_size).shuffle(true).seed(4)));
+    auto validations = std::make_shared<CountValidations>();
+    std::shared_ptr<lockstep::DataLoader> val;
+    if (validate) {
+      trainer.add_callback(validations);
+      val = std::make_shared<lockstep::DataLoader>(lockstep::testing::regression_data(32, 8, 9),
+                                                   lockstep::DataLoaderOptions(batch_size));
+    }
+    trainer.fit(model, std::make_shared<lockstep::DataLoader>(data, lockstep::DataLoaderOptions(batch_size).shuffle(true).seed(4)), val);
     if (!save.empty()) trainer.save_checkpoint(save);
-    torch::save(model->parameters(), out + "/params." + std::to_string(trainer.strategy().global_rank()) + ".pt");
-    std::ofstream(out + "/done." + std::to_string(trainer.strategy().global_rank())) << trainer.global_step() << "\n";
+    const std::string rank = std::to_string(trainer.strategy().global_rank());
+    torch::save(model->parameters(), out + "/params." + rank + ".pt");
+    std::ofstream(out + "/done." + rank) << trainer.global_step() << "\n";
+    if (validate) std::ofstream(out + "/validations." + rank) << validations->count << "\n";
     return 0;
   });
 }

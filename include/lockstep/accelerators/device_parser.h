@@ -2,8 +2,12 @@
 /// Parsing of `--accelerator` and `--devices` (the seed: Lightning's distrib_parts).
 /// Every bad value is a lockstep::UsageError whose message names the fix.
 
+#include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
+
+#include <lockstep/core/retry.h>
 
 namespace lockstep {
 namespace accelerators {
@@ -26,6 +30,34 @@ int devices_per_node(const std::string& accelerator, const std::string& spec, in
 
 /// Number of CUDA devices this LibTorch sees (0 on a CPU-only build).
 int cuda_device_count();
+
+/// Says whether CUDA device `id` can be used now: false when it is busy (a GPU in exclusive
+/// compute mode held by another process, or out of memory) or unusable.
+using DeviceProbe = std::function<bool(int id)>;
+
+/// The real probe (seed: `torch.ones(1).to(device)`): allocates one element on cuda:`id`, false
+/// on any error. Always false on a CPU-only LibTorch. It leaves a CUDA context on every device it
+/// probes, as the seed's did.
+bool probe_cuda_device(int id);
+
+/// Fewer free CUDA devices than asked for, right now; select_gpu_ids retries on it.
+class DeviceBusyError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// The `count` lowest ids among 0..visible-1 that `probe` accepts, each probed at most once
+/// (seed: pick_multiple_gpus). Throws DeviceBusyError, naming the busy ids, when fewer are free.
+std::vector<int> pick_free_gpus(int count, int visible, const DeviceProbe& probe);
+
+/// GPU ids for `--devices spec --auto-select-gpus`: a count ("N", "-1" or "auto" for every
+/// visible device) is filled with free devices found by `probe`, retried with
+/// retry_jittered_backoff (5 tries, waits of at most 0.01 s doubling up to 1 s by default); ids
+/// given explicitly ("0,2") are used as given, as in Lightning. A UsageError naming the busy
+/// devices when too few are free after the last try.
+///   select_gpu_ids("2", cuda_device_count(), probe_cuda_device);   // e.g. {1, 3}
+std::vector<int> select_gpu_ids(const std::string& spec, int visible, const DeviceProbe& probe,
+                                const BackoffOptions& backoff = {});
 
 }  // namespace accelerators
 }  // namespace lockstep

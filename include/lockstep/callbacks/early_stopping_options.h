@@ -31,7 +31,7 @@ struct EarlyStoppingOptions {
   /// Print every improvement and the reason for stopping (rank 0, stderr). Default: false.
   TORCH_ARG(bool, verbose) = false;
   /// Check after each training epoch (true) or after each validation (false). Default: unset
-  /// (true when validation runs every epoch, as Lightning).
+  /// (true when validation runs every epoch and only at its end, as Lightning).
   TORCH_ARG(std::optional<bool>, check_on_train_epoch_end) = std::nullopt;
 };
 

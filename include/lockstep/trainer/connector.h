@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include <lockstep/accelerators/device_parser.h>
 #include <lockstep/environments/cluster_environment.h>
 #include <lockstep/strategies/strategy.h>
 #include <lockstep/trainer/trainer_options.h>
@@ -25,12 +26,17 @@ struct ExecutionPlan {
   std::shared_ptr<strategies::Strategy> strategy;
 };
 
+/// With auto_select_gpus, the GPU ids the process that picked them hands to the processes it
+/// launches ("1,3"), so that every rank of the node uses the same devices without probing again.
+constexpr const char* kSelectedGpusVariable = "LOCKSTEP_SELECTED_GPUS";
+
 /// Resolves the plan in order: environment, accelerator, devices, the scheduler's consistency,
 /// precision, backend, strategy. `strategy` overrides options.strategy() when given (a Strategy
-/// object, as Lightning's Trainer(strategy=DDPStrategy(...))). `cuda_device_count` is injected
-/// for tests.
+/// object, as Lightning's Trainer(strategy=DDPStrategy(...))). `cuda_device_count` and
+/// `probe` (used by auto_select_gpus) are injected for tests.
 ExecutionPlan resolve_plan(const TrainerOptions& options, const environments::Environ& environ,
-                           std::shared_ptr<strategies::Strategy> strategy = nullptr, int cuda_device_count = 0);
+                           std::shared_ptr<strategies::Strategy> strategy = nullptr, int cuda_device_count = 0,
+                           const accelerators::DeviceProbe& probe = accelerators::probe_cuda_device);
 
 /// "32", "32-true" -> "32-true"; "bf16" -> "bf16-mixed"; ... ; a UsageError for others.
 std::string normalise_precision(const std::string& precision, const std::string& accelerator);

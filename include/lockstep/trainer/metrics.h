@@ -24,6 +24,9 @@ class MetricCollection {
  public:
   /// Starts an epoch of `phase`: forgets that phase's epoch sums.
   void begin_epoch(Phase phase);
+  /// Logs into `phase` again, keeping every phase's sums (training after a validation that ran
+  /// within the training epoch, see val_check_interval).
+  void set_phase(Phase phase) { phase_ = phase; }
   /// The number of examples of the current batch, the weight of its values in epoch means.
   void set_batch_size(int64_t batch_size) { batch_size_ = batch_size; }
   Phase phase() const { return phase_; }
@@ -53,7 +56,7 @@ class MetricCollection {
   };
   Phase phase_ = Phase::train;
   int64_t batch_size_ = 1;
-  std::map<std::string, EpochSum> epoch_;       // by base name, current phase
+  std::map<Phase, std::map<std::string, EpochSum>> epoch_;  // phase -> base name -> sums
   std::map<std::string, double> pending_step_;  // logged name -> value
   std::map<std::string, double> latest_step_;
   std::map<std::string, bool> prog_bar_;        // logged name -> shown

@@ -56,6 +56,7 @@ class Trainer {
 
   void fit(const std::shared_ptr<TrainingModule>& module, const std::shared_ptr<DataLoader>& train,
            const std::shared_ptr<DataLoader>& val = nullptr);
+  /// Trains on data.train_dataloader(), validating on data.val_dataloader() (may be null).
   void fit(const std::shared_ptr<TrainingModule>& module, DataModule& data);
   /// One pass over `loader` in evaluation mode; returns the epoch metrics.
   std::map<std::string, double> validate(const std::shared_ptr<TrainingModule>& module,
@@ -65,6 +66,10 @@ class Trainer {
   /// predict_step outputs of this rank's batches.
   std::vector<torch::Tensor> predict(const std::shared_ptr<TrainingModule>& module,
                                      const std::shared_ptr<DataLoader>& loader);
+  /// The same on the DataModule's loader for the stage; a UsageError when it returns none.
+  std::map<std::string, double> validate(const std::shared_ptr<TrainingModule>& module, DataModule& data);
+  std::map<std::string, double> test(const std::shared_ptr<TrainingModule>& module, DataModule& data);
+  std::vector<torch::Tensor> predict(const std::shared_ptr<TrainingModule>& module, DataModule& data);
 
   // State, as Lightning's trainer.* attributes.
   const TrainerOptions& options() const { return options_; }
@@ -82,6 +87,9 @@ class Trainer {
   /// Number of training batches per epoch after limit_train_batches (known once fit started).
   int64_t num_training_batches() const { return num_training_batches_; }
   int64_t num_val_batches() const { return num_val_batches_; }
+  /// Validation runs after every this many training batches of an epoch (val_check_interval
+  /// resolved against num_training_batches; equal to it when validating at epoch ends only).
+  int64_t val_check_batch() const { return val_check_batch_; }
   const std::vector<std::shared_ptr<Logger>>& loggers() const { return loggers_; }
   /// The first logger's directory (e.g. ./lockstep_logs/version_0), where checkpoints go by default.
   std::string log_dir() const;
@@ -104,6 +112,7 @@ class Trainer {
   void attach_sampler(DataLoader& loader, bool shuffle);
   void restore(const std::string& ckpt_path);
   void run_training_epoch(DataLoader& train, DataLoader* val);
+  void run_validation(DataLoader& val);
   std::map<std::string, double> run_evaluation(DataLoader& loader, Phase phase, int64_t max_batches);
   void optimizer_step();
   void emit_step_metrics(bool force);
@@ -135,6 +144,7 @@ class Trainer {
   int64_t global_step_ = 0;
   int64_t num_training_batches_ = 0;
   int64_t num_val_batches_ = 0;
+  int64_t val_check_batch_ = 1;
   bool should_stop_ = false;
   bool sanity_checking_ = false;
   bool epoch_completed_ = false;

@@ -18,6 +18,10 @@ struct TrainerOptions {
   TORCH_ARG(std::string, devices) = "auto";
   /// auto|single_device|ddp|ddp_fork|ddp_find_unused_parameters_true|... Default: "auto".
   TORCH_ARG(std::string, strategy) = "auto";
+  /// With a device count (--devices 2, -1, auto) on cuda: pick devices that are free now by
+  /// probing each, retrying with jittered backoff when too few are (device ids given
+  /// explicitly are used as given). Ignored on cpu. Default: false.
+  TORCH_ARG(bool, auto_select_gpus) = false;
   /// Nodes in the job. Default: 1.
   TORCH_ARG(int, num_nodes) = 1;
   /// 32-true|64-true|bf16-mixed|16-mixed. Default: "32-true".
@@ -48,6 +52,9 @@ struct TrainerOptions {
   TORCH_ARG(std::string, limit_val_batches) = "1.0";
   /// Fraction or count of test batches. Default: "1.0".
   TORCH_ARG(std::string, limit_test_batches) = "1.0";
+  /// Validate within the training epoch: a fraction in (0, 1] of the epoch's batches ("0.25":
+  /// four times an epoch) or a count of training batches ("100": after every 100th). Default: "1.0".
+  TORCH_ARG(std::string, val_check_interval) = "1.0";
   /// Validate every N training epochs. Default: 1.
   TORCH_ARG(int64_t, check_val_every_n_epoch) = 1;
   /// Validation batches run before training as a sanity check. Default: 2.

@@ -6,6 +6,7 @@
 #include <set>
 
 #include <torch/cuda.h>
+#include <torch/types.h>
 
 #include <lockstep/core/usage_error.h>
 
@@ -58,6 +59,18 @@ bool parse_list(const std::string& spec, std::vector<int>& ids) {
     start = comma + 1;
   }
   return true;
+}
+
+// "auto", "-1" or "N": a number of devices rather than their ids.
+bool is_device_count(const std::string& lowered) {
+  int n = 0;
+  return lowered == "auto" || (lowered.find_first_of(",[") == std::string::npos && parse_int(lowered, n));
+}
+
+std::string join(const std::vector<int>& ids) {
+  std::string text;
+  for (int id : ids) text += (text.empty() ? "" : ", ") + std::to_string(id);
+  return text;
 }
 
 }  // namespace
@@ -148,6 +161,44 @@ int devices_per_node(const std::string& accelerator, const std::string& spec, in
 }
 
 int cuda_device_count() { return static_cast<int>(torch::cuda::device_count()); }
+
+bool probe_cuda_device(int id) {
+  try {
+    torch::ones({1}, torch::TensorOptions().device(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(id))));
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+std::vector<int> pick_free_gpus(int count, int visible, const DeviceProbe& probe) {
+  if (count < 1 || count > visible) {
+    throw UsageError("cannot pick " + std::to_string(count) + " of " + std::to_string(visible) +
+                     " visible CUDA device(s); ask for 1 to " + std::to_string(visible) + ".");
+  }
+  std::vector<int> picked, busy;
+  for (int id = 0; id < visible && static_cast<int>(picked.size()) < count; ++id) {
+    (probe(id) ? picked : busy).push_back(id);
+  }
+  if (static_cast<int>(picked.size()) == count) return picked;
+  throw DeviceBusyError(std::to_string(picked.size()) + " of the " + std::to_string(visible) +
+                        " visible CUDA device(s) " + (picked.size() == 1 ? "is" : "are") + " free (busy or unusable: " +
+                        join(busy) + "), " + std::to_string(count) + " needed");
+}
+
+std::vector<int> select_gpu_ids(const std::string& spec, int visible, const DeviceProbe& probe,
+                                const BackoffOptions& backoff) {
+  std::vector<int> ids = parse_gpu_ids(spec, visible);
+  if (!is_device_count(lower(trim(spec)))) return ids;  // ids named by the user are not probed
+  const int count = static_cast<int>(ids.size());
+  try {
+    return retry_jittered_backoff<DeviceBusyError>([&] { return pick_free_gpus(count, visible, probe); }, backoff);
+  } catch (const DeviceBusyError& e) {
+    throw UsageError("--devices " + spec + " --auto-select-gpus: " + e.what() + " after " +
+                     std::to_string(backoff.retries()) + " tries. Ask for fewer devices (--devices N), " +
+                     "free the busy ones, or name the ids to use (--devices 0,1; not probed).");
+  }
+}
 
 }  // namespace accelerators
 }  // namespace lockstep

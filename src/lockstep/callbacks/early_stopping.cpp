@@ -36,9 +36,12 @@ std::string EarlyStopping::name() const {
 
 void EarlyStopping::on_fit_start(Trainer& trainer, TrainingModule& module) {
   fitting_ = true;
-  // When validation skips epochs, an epoch-end check would count the stale value again.
-  on_train_epoch_end_ =
-      options_.check_on_train_epoch_end().value_or(trainer.options().check_val_every_n_epoch() == 1);
+  // As Lightning: check at epoch ends only when validation runs exactly there. When it skips
+  // epochs, an epoch-end check would count the stale value again; when it runs within the epoch
+  // (val_check_interval), each validation is checked as it ends.
+  const bool validates_at_epoch_ends_only = trainer.options().check_val_every_n_epoch() == 1 &&
+                                            trainer.val_check_batch() >= trainer.num_training_batches();
+  on_train_epoch_end_ = options_.check_on_train_epoch_end().value_or(validates_at_epoch_ends_only);
 }
 
 void EarlyStopping::on_fit_end(Trainer& trainer, TrainingModule& module) { fitting_ = false; }

@@ -29,6 +29,7 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
   add(g, "--accelerator", o.accelerator(), "auto|cpu|cuda|gpu");
   add(g, "--devices", o.devices(), "auto, a count N, -1 (all GPUs), or GPU ids \"0,2\"");
   add(g, "--strategy", o.strategy(), "auto|single_device|ddp|ddp_fork|ddp_find_unused_parameters_true|...");
+  add(g, "--auto-select-gpus", o.auto_select_gpus(), "true|false: with a device count on cuda, pick free GPUs");
   add(g, "--num-nodes", o.num_nodes(), "nodes in the job")->check(CLI::Range(1, 1 << 20));
   add(g, "--precision", o.precision(), "32-true|64-true|bf16-mixed|16-mixed");
   add(g, "--max-epochs", o.max_epochs(), "stop after this many epochs (-1: 1000 unless --max-steps)")
@@ -49,6 +50,8 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
   add(g, "--limit-train-batches", o.limit_train_batches(), "fraction (0.25) or count (10) of training batches");
   add(g, "--limit-val-batches", o.limit_val_batches(), "fraction or count of validation batches");
   add(g, "--limit-test-batches", o.limit_test_batches(), "fraction or count of test batches");
+  add(g, "--val-check-interval", o.val_check_interval(),
+      "validate every fraction (0.25) of the epoch or every N (100) training batches");
   add(g, "--check-val-every-n-epoch", o.check_val_every_n_epoch(), "validate every N epochs")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   add(g, "--num-sanity-val-steps", o.num_sanity_val_steps(), "validation batches before training")

@@ -26,10 +26,35 @@ const std::map<std::string, std::string>& not_available() {
   return names;
 }
 
-int devices_for(const TrainerOptions& o, const environments::ClusterEnvironment& env, const std::string& accelerator,
-                int cuda_count, std::vector<int>& gpu_ids) {
+// --auto-select-gpus probes once, in the process that starts the others; they read its pick.
+std::vector<int> gpu_ids_for(const TrainerOptions& o, const environments::Environ& environ,
+                             const environments::ClusterEnvironment& env, int cuda_count,
+                             const accelerators::DeviceProbe& probe) {
+  auto ids = accelerators::parse_gpu_ids(o.devices(), cuda_count);
+  const bool names_ids = o.devices().find_first_of(",[") != std::string::npos;
+  if (!o.auto_select_gpus() || names_ids) return ids;
+  if (const auto picked = environ.get(kSelectedGpusVariable)) {
+    auto handed = accelerators::parse_gpu_ids(*picked, cuda_count);
+    if (handed.size() != ids.size()) {
+      throw UsageError(std::string(kSelectedGpusVariable) + "=" + *picked + " names " + std::to_string(handed.size()) +
+                       " device(s) but --devices " + o.devices() + " asks for " + std::to_string(ids.size()) +
+                       "; it is left from another run: unset " + kSelectedGpusVariable + ".");
+    }
+    return handed;
+  }
+  if (env.creates_processes_externally() && ids.size() > 1) {
+    throw UsageError("--auto-select-gpus with --devices " + o.devices() + " under " + env.name() +
+                     ": the scheduler started every process already, and each would probe on its own and could "
+                     "pick other devices. Name the ids (--devices 0,1) or set CUDA_VISIBLE_DEVICES per node.");
+  }
+  return accelerators::select_gpu_ids(o.devices(), cuda_count, probe);
+}
+
+int devices_for(const TrainerOptions& o, const environments::Environ& environ,
+                const environments::ClusterEnvironment& env, const std::string& accelerator, int cuda_count,
+                const accelerators::DeviceProbe& probe, std::vector<int>& gpu_ids) {
   if (accelerator == "cuda") {
-    gpu_ids = accelerators::parse_gpu_ids(o.devices(), cuda_count);
+    gpu_ids = gpu_ids_for(o, environ, env, cuda_count, probe);
     return static_cast<int>(gpu_ids.size());
   }
   // Under a scheduler, "auto" means the processes it started on each node.
@@ -71,7 +96,8 @@ std::string normalise_precision(const std::string& precision, const std::string&
 }
 
 ExecutionPlan resolve_plan(const TrainerOptions& o, const environments::Environ& environ,
-                           std::shared_ptr<strategies::Strategy> strategy, int cuda_count) {
+                           std::shared_ptr<strategies::Strategy> strategy, int cuda_count,
+                           const accelerators::DeviceProbe& probe) {
   ExecutionPlan plan;
   plan.environment = environments::detect_environment(environ);
   plan.accelerator = accelerators::parse_accelerator(o.accelerator(), cuda_count);
@@ -79,7 +105,7 @@ ExecutionPlan resolve_plan(const TrainerOptions& o, const environments::Environ&
     throw UsageError("--num-nodes " + std::to_string(o.num_nodes()) + " is not a node count: use 1 or more.");
   }
   plan.num_nodes = o.num_nodes();
-  plan.devices_per_node = devices_for(o, *plan.environment, plan.accelerator, cuda_count, plan.gpu_ids);
+  plan.devices_per_node = devices_for(o, environ, *plan.environment, plan.accelerator, cuda_count, probe, plan.gpu_ids);
   if (plan.environment->creates_processes_externally()) {
     plan.environment->validate_settings(plan.devices_per_node, plan.num_nodes);
   } else if (plan.num_nodes > 1) {

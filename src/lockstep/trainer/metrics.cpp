@@ -8,7 +8,7 @@ namespace lockstep {
 
 void MetricCollection::begin_epoch(Phase phase) {
   phase_ = phase;
-  epoch_.clear();
+  epoch_[phase].clear();
 }
 
 void MetricCollection::log(const std::string& name, double value, const LogOptions& options,
@@ -26,7 +26,7 @@ void MetricCollection::log(const std::string& name, double value, const LogOptio
     logger_[logged] = options.logger();
   }
   if (on_epoch) {
-    auto& sum = epoch_[name];
+    auto& sum = epoch_[phase_][name];
     sum.weighted_sum += value * static_cast<double>(batch_size_);
     sum.weight += static_cast<double>(batch_size_);
     sum.sync = sum.sync || options.sync_dist();
@@ -45,8 +45,9 @@ std::map<std::string, double> MetricCollection::take_step_values() {
 std::map<std::string, double> MetricCollection::end_epoch(strategies::Strategy& strategy) {
   // Every rank logs the same names in the same order (map order), so one all_reduce of the
   // sums and weights of all sync_dist metrics gives the global weighted means.
+  auto& sums = epoch_[phase_];
   std::vector<double> packed;
-  for (const auto& [name, sum] : epoch_) {
+  for (const auto& [name, sum] : sums) {
     if (!sum.sync) continue;
     packed.push_back(sum.weighted_sum);
     packed.push_back(sum.weight);
@@ -57,7 +58,7 @@ std::map<std::string, double> MetricCollection::end_epoch(strategies::Strategy& 
   }
   std::map<std::string, double> values;
   size_t next = 0;
-  for (const auto& [name, sum] : epoch_) {
+  for (const auto& [name, sum] : sums) {
     double total = sum.weighted_sum, weight = sum.weight;
     if (sum.sync) {
       total = packed[next++];
@@ -65,7 +66,7 @@ std::map<std::string, double> MetricCollection::end_epoch(strategies::Strategy& 
     }
     values[sum.logged_name] = weight > 0 ? total / weight : 0.0;
   }
-  epoch_.clear();
+  sums.clear();
   return values;
 }
 

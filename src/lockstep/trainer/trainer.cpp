@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <iostream>
 #include <limits>
 
@@ -45,6 +46,48 @@ int64_t limit_batches(const std::string& limit, int64_t available, const std::st
     return static_cast<int64_t>(std::floor(value * static_cast<double>(available)));
   }
   return std::min<int64_t>(static_cast<int64_t>(value), available);
+}
+
+std::shared_ptr<DataLoader> stage_loader(std::shared_ptr<DataLoader> loader, const std::string& hook) {
+  if (!loader) {
+    throw UsageError("DataModule::" + hook + "() returned no loader (the default); override it in your DataModule "
+                     "to use the DataModule for this stage.");
+  }
+  return loader;
+}
+
+// Lightning's val_check_batch: validate after every this many training batches of an epoch.
+// "0.25" is a fraction of the epoch's `batches`, "10" a count; both must fit in the epoch.
+int64_t resolve_val_check_batch(const std::string& interval, int64_t batches) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(interval, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (interval.empty() || used != interval.size() || !std::isfinite(value)) {
+    throw UsageError("--val-check-interval '" + interval +
+                     "' is neither a fraction of the training epoch (0.25) nor a number of training batches (100).");
+  }
+  if (interval.find_first_of(".eE") != std::string::npos) {
+    if (value <= 0 || value > 1.0) {
+      throw UsageError("--val-check-interval " + interval + ": a fraction of the training epoch must be in (0, 1] "
+                       "(e.g. 0.25 validates four times an epoch); for every N batches write an integer. To skip "
+                       "validation use --limit-val-batches 0.");
+    }
+    return std::max<int64_t>(1, static_cast<int64_t>(std::floor(value * static_cast<double>(batches))));
+  }
+  if (value < 1) {
+    throw UsageError("--val-check-interval " + interval + ": a number of training batches must be at least 1 "
+                     "(e.g. 100, or a fraction such as 0.5). To skip validation use --limit-val-batches 0.");
+  }
+  if (batches > 0 && value > static_cast<double>(batches)) {
+    throw UsageError("--val-check-interval " + interval + " but a training epoch has only " + std::to_string(batches) +
+                     " batch(es) (after --limit-train-batches and the sampler). Use at most " +
+                     std::to_string(batches) + ", or a fraction such as 0.5.");
+  }
+  return static_cast<int64_t>(value);
 }
 
 // Autocast on CPU for bf16-mixed, for the duration of one step.
@@ -182,6 +225,12 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
     if (options_.deterministic()) at::globalContext().setDeterministicAlgorithms(true, false);
     const int cuda = accelerators::cuda_device_count();
     plan_ = resolve_plan(options_, environments::Environ::from_process(), user_strategy_, cuda);
+    if (options_.auto_select_gpus() && plan_.accelerator == "cuda") {
+      // The processes launched next (and this one's second resolve) use this pick, not a new probe.
+      std::string ids;
+      for (int id : plan_.gpu_ids) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+      ::setenv(kSelectedGpusVariable, ids.c_str(), 1);
+    }
     if (auto launcher = plan_.strategy->launcher()) {
       launcher->launch();  // returns in every local process, each with its rank's variables set
       plan_ = resolve_plan(options_, environments::Environ::from_process(), plan_.strategy, cuda);
@@ -280,6 +329,7 @@ std::map<std::string, double> Trainer::run_evaluation(DataLoader& loader, Phase 
   auto timed = profile(phase == Phase::test ? "test" : "validation");
   torch::NoGradGuard no_grad;
   module_->eval();
+  const Phase outer_phase = metrics_.phase();  // train, when validating within a training epoch
   metrics_.begin_epoch(phase);
   if (phase == Phase::validation) {
     module_->on_validation_epoch_start();
@@ -311,6 +361,7 @@ std::map<std::string, double> Trainer::run_evaluation(DataLoader& loader, Phase 
   if (phase == Phase::validation) module_->on_validation_epoch_end();
   if (phase == Phase::test) module_->on_test_epoch_end();
   auto values = metrics_.end_epoch(*plan_.strategy);
+  metrics_.set_phase(outer_phase);
   module_->train();
   if (sanity_checking_) return {};
   for (const auto& [name, value] : values) callback_metrics_[name] = value;
@@ -332,6 +383,9 @@ void Trainer::run_training_epoch(DataLoader& train, DataLoader* val) {
   const int64_t accumulate = options_.accumulate_grad_batches();
   const bool automatic = module_->automatic_optimization();
   const auto device = plan_.strategy->root_device();
+  const bool validate_this_epoch = val != nullptr && (current_epoch_ + 1) % options_.check_val_every_n_epoch() == 0;
+  int64_t batches_run = 0;
+  int64_t validated_after = -1;  // batches run when validation last ran in this epoch
   for (int64_t i = 0; i < num_training_batches_; ++i) {
     if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps()) break;
     Batch batch = [&] {
@@ -360,15 +414,28 @@ void Trainer::run_training_epoch(DataLoader& train, DataLoader* val) {
     module_->on_train_batch_end(loss, batch, i);
     each_callback("on_train_batch_end", [&](Callback& c) { c.on_train_batch_end(*this, *module_, loss, i); });
     emit_step_metrics(false);
+    batches_run = i + 1;
+    // Within the epoch only; validation after the last batch runs below, after the epoch metrics.
+    if (validate_this_epoch && batches_run % val_check_batch_ == 0 && batches_run < num_training_batches_) {
+      run_validation(*val);
+      validated_after = batches_run;
+      // EarlyStopping may ask to stop here; every rank must leave the epoch at the same batch.
+      should_stop_ = plan_.strategy->reduce_boolean_decision(should_stop_, distributed::Decision::any);
+      if (should_stop_) break;
+    }
   }
   plan_.strategy->set_gradient_sync(true);
   module_->on_train_epoch_end();
   auto values = metrics_.end_epoch(*plan_.strategy);
   for (const auto& [name, value] : values) callback_metrics_[name] = value;
   emit(values);
-  if (val != nullptr && (current_epoch_ + 1) % options_.check_val_every_n_epoch() == 0) {
-    num_val_batches_ = limit_batches(options_.limit_val_batches(), val->num_batches(), "limit-val-batches");
-    run_evaluation(*val, Phase::validation, num_val_batches_);
+  // A full epoch validates at its end when its last batch is a check batch (so "0.3" of 10
+  // batches validates after 3, 6 and 9, as Lightning's); an epoch cut short by max_steps or a
+  // stop validates once more unless it just did.
+  const bool full_epoch = batches_run == num_training_batches_;
+  if (validate_this_epoch &&
+      (full_epoch ? num_training_batches_ % val_check_batch_ == 0 : validated_after != batches_run)) {
+    run_validation(*val);
   }
   for (auto& s : optimizer_config_.schedulers) {
     if (s.interval == "epoch") s.scheduler->step();
@@ -380,8 +447,25 @@ void Trainer::run_training_epoch(DataLoader& train, DataLoader* val) {
   should_stop_ = plan_.strategy->reduce_boolean_decision(should_stop_, distributed::Decision::any);
 }
 
+void Trainer::run_validation(DataLoader& val) {
+  num_val_batches_ = limit_batches(options_.limit_val_batches(), val.num_batches(), "limit-val-batches");
+  run_evaluation(val, Phase::validation, num_val_batches_);
+}
+
 void Trainer::fit(const std::shared_ptr<TrainingModule>& module, DataModule& data) {
   fit(module, data.train_dataloader(), data.val_dataloader());
+}
+
+std::map<std::string, double> Trainer::validate(const std::shared_ptr<TrainingModule>& module, DataModule& data) {
+  return validate(module, stage_loader(data.val_dataloader(), "val_dataloader"));
+}
+
+std::map<std::string, double> Trainer::test(const std::shared_ptr<TrainingModule>& module, DataModule& data) {
+  return test(module, stage_loader(data.test_dataloader(), "test_dataloader"));
+}
+
+std::vector<torch::Tensor> Trainer::predict(const std::shared_ptr<TrainingModule>& module, DataModule& data) {
+  return predict(module, stage_loader(data.predict_dataloader(), "predict_dataloader"));
 }
 
 void Trainer::fit(const std::shared_ptr<TrainingModule>& module, const std::shared_ptr<DataLoader>& train,
@@ -391,6 +475,13 @@ void Trainer::fit(const std::shared_ptr<TrainingModule>& module, const std::shar
   setup(module);
   attach_sampler(*train, train->options().shuffle());
   if (val) attach_sampler(*val, false);
+  if (options_.check_val_every_n_epoch() < 1) {
+    throw UsageError("--check-val-every-n-epoch " + std::to_string(options_.check_val_every_n_epoch()) +
+                     ": use 1 or more (1 validates every epoch). To skip validation use --limit-val-batches 0.");
+  }
+  // Checked before any hook runs, so that a bad interval stops the run before it writes anything.
+  num_training_batches_ = limit_batches(options_.limit_train_batches(), train->num_batches(), "limit-train-batches");
+  val_check_batch_ = resolve_val_check_batch(options_.val_check_interval(), num_training_batches_);
   const bool resuming = !options_.ckpt_path().empty();
   if (resuming) restore(options_.ckpt_path());
   if (plan_.strategy->is_global_zero()) {

@@ -1,6 +1,10 @@
 #include <lockstep/accelerators/device_parser.h>
 
+#include <map>
+#include <set>
+
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include <lockstep/core/usage_error.h>
 
@@ -74,6 +78,122 @@ TEST(DevicesPerNode, FollowsTheAccelerator) {
   EXPECT_EQ(devices_per_node("cpu", "3", 0), 3);
   EXPECT_EQ(devices_per_node("cuda", "0,2", 4), 2);
   EXPECT_EQ(devices_per_node("cuda", "-1", 4), 4);
+}
+
+// A probe over `visible` devices of which `busy` are taken; counts its calls per device.
+struct FakeGpus {
+  std::set<int> busy;
+  std::map<int, int> probed;
+  DeviceProbe probe() {
+    return [this](int id) {
+      ++probed[id];
+      return busy.count(id) == 0;
+    };
+  }
+  int calls() const {
+    int n = 0;
+    for (const auto& [id, count] : probed) n += count;
+    return n;
+  }
+};
+
+// Waits recorded, never slept; the jitter draw is 1.0 (each wait at its largest).
+BackoffOptions no_sleep(std::vector<double>& waits) {
+  return BackoffOptions().sleep([&waits](double s) { waits.push_back(s); }).uniform([] { return 1.0; });
+}
+
+TEST(PickFreeGpus, TakesTheLowestFreeIdsAndSkipsBusyOnes) {
+  using V = std::vector<int>;
+  FakeGpus gpus;
+  EXPECT_EQ(pick_free_gpus(2, 4, gpus.probe()), (V{0, 1}));
+  EXPECT_EQ(gpus.calls(), 2) << "stops probing once it has enough";
+  gpus = FakeGpus{{0, 2}, {}};
+  EXPECT_EQ(pick_free_gpus(2, 4, gpus.probe()), (V{1, 3}));
+  EXPECT_EQ(gpus.calls(), 4);
+  for (const auto& [id, count] : gpus.probed) EXPECT_EQ(count, 1) << "device " << id;
+  gpus = FakeGpus{{1}, {}};
+  EXPECT_EQ(pick_free_gpus(3, 4, gpus.probe()), (V{0, 2, 3}));
+}
+
+TEST(PickFreeGpus, TooFewFreeIsADeviceBusyErrorNamingThem) {
+  FakeGpus gpus{{0, 2, 3}, {}};
+  try {
+    pick_free_gpus(2, 4, gpus.probe());
+    ADD_FAILURE() << "picked 2 of 1 free";
+  } catch (const DeviceBusyError& e) {
+    EXPECT_NE(std::string(e.what()).find("1 of the 4 visible CUDA device(s) is free (busy or unusable: 0, 2, 3), 2 needed"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(pick_free_gpus(5, 4, gpus.probe()), UsageError);
+  EXPECT_THROW(pick_free_gpus(0, 4, gpus.probe()), UsageError);
+}
+
+TEST(SelectGpuIds, ACountIsFilledWithFreeDevices) {
+  using V = std::vector<int>;
+  std::vector<double> waits;
+  FakeGpus gpus{{0}, {}};
+  EXPECT_EQ(select_gpu_ids("2", 4, gpus.probe(), no_sleep(waits)), (V{1, 2}));
+  EXPECT_EQ(select_gpu_ids("-1", 3, FakeGpus().probe(), no_sleep(waits)), (V{0, 1, 2}));
+  EXPECT_EQ(select_gpu_ids("auto", 2, FakeGpus().probe(), no_sleep(waits)), (V{0, 1}));
+  EXPECT_TRUE(waits.empty());
+}
+
+TEST(SelectGpuIds, NamedIdsAreUsedAsGivenWithoutProbing) {
+  FakeGpus gpus{{0, 1, 2, 3}, {}};
+  std::vector<double> waits;
+  EXPECT_EQ(select_gpu_ids("0,2", 4, gpus.probe(), no_sleep(waits)), (std::vector<int>{0, 2}));
+  EXPECT_EQ(select_gpu_ids("[3]", 4, gpus.probe(), no_sleep(waits)), (std::vector<int>{3}));
+  EXPECT_EQ(gpus.calls(), 0);
+  // Bad specs fail as without auto selection, before any probe.
+  EXPECT_NE(error_of([&] { select_gpu_ids("5", 4, gpus.probe(), no_sleep(waits)); }).find("Use --devices 4 or -1"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { select_gpu_ids("0", 4, gpus.probe(), no_sleep(waits)); }).find("selects no device"),
+            std::string::npos);
+  EXPECT_EQ(gpus.calls(), 0);
+}
+
+TEST(SelectGpuIds, RetriesWhileDevicesAreBusyAndTakesThemWhenFreed) {
+  // Device 1 is busy for the first two tries (another job finishing), then free.
+  int tries = 0;
+  std::vector<double> waits;
+  auto probe = [&](int id) {
+    if (id == 0) ++tries;
+    return id != 1 || tries > 2;
+  };
+  EXPECT_EQ(select_gpu_ids("2", 2, probe, no_sleep(waits)), (std::vector<int>{0, 1}));
+  EXPECT_EQ(tries, 3);
+  EXPECT_EQ(waits, (std::vector<double>{0.01, 0.02})) << "the seed's base_delay 0.01, doubled";
+}
+
+TEST(SelectGpuIds, TooFewFreeAfterTheLastTryIsAUsageError) {
+  FakeGpus gpus{{1, 3}, {}};
+  std::vector<double> waits;
+  const std::string message = error_of([&] { select_gpu_ids("3", 4, gpus.probe(), no_sleep(waits)); });
+  EXPECT_NE(message.find("--devices 3 --auto-select-gpus: 2 of the 4 visible CUDA device(s) are free (busy or "
+                         "unusable: 1, 3), 3 needed after 5 tries"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("--devices 0,1"), std::string::npos) << message;
+  EXPECT_EQ(gpus.probed[0], 5) << "one probe of each device per try, 5 tries (the seed's default)";
+  EXPECT_EQ(gpus.calls(), 5 * 4);
+  ASSERT_EQ(waits.size(), 4u) << "no wait after the last try";
+  for (double w : waits) EXPECT_LE(w, 1.0) << "cap_delay";
+}
+
+TEST(SelectGpuIds, WaitsAreBoundedByCapDelay) {
+  FakeGpus gpus{{0}, {}};
+  std::vector<double> waits;
+  auto options = no_sleep(waits).retries(10).base_delay(0.3).cap_delay(0.5);
+  EXPECT_THROW(select_gpu_ids("1", 1, gpus.probe(), options), UsageError);
+  EXPECT_EQ(gpus.calls(), 10);
+  const std::vector<double> expected{0.3, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5};
+  EXPECT_EQ(waits, expected);
+}
+
+TEST(ProbeCudaDevice, FalseOnThisCpuBuild) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "CUDA build";
+  EXPECT_FALSE(probe_cuda_device(0));
 }
 
 TEST(CudaDeviceCount, ZeroOnThisCpuBuild) {

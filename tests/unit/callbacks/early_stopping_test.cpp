@@ -123,6 +123,27 @@ TEST_F(EarlyStoppingTest, ChecksAfterValidationWhenValidationSkipsEpochs) {
   EXPECT_DOUBLE_EQ(stopper->best_score(), 1.0);
 }
 
+TEST_F(EarlyStoppingTest, ChecksEachValidationWithinTheEpochAndStopsThere) {
+  // 4 training batches an epoch, validation after each (val_check_interval 1): the score worsens
+  // at the 2nd validation, so patience 1 stops in epoch 0 after its 2nd batch. An epoch-end
+  // check would first see the 4th score (a best) and stop at the end of epoch 1.
+  struct ScorePerValidation : testing::Regressor {
+    void validation_step(Batch&, int64_t) override { log("val_score", 1.0 + 0.1 * validations); }
+    void on_validation_epoch_end() override { ++validations; }
+    int validations = 0;
+  };
+  auto stopper = std::make_shared<EarlyStopping>(EarlyStoppingOptions("val_score").patience(1));
+  auto model = std::make_shared<ScorePerValidation>();
+  Trainer trainer(options(3).val_check_interval("1"));
+  trainer.add_callback(stopper);
+  trainer.fit(model, std::make_shared<DataLoader>(regression_data(64), DataLoaderOptions(16)),
+              std::make_shared<DataLoader>(regression_data(16, 8, 9), DataLoaderOptions(16)));
+  EXPECT_EQ(model->validations, 2);
+  EXPECT_EQ(trainer.global_step(), 2);
+  EXPECT_EQ(stopper->stopped_epoch(), 0);
+  EXPECT_DOUBLE_EQ(stopper->best_score(), 1.0);
+}
+
 TEST_F(EarlyStoppingTest, ResumeContinuesTheCount) {
   const std::vector<double> values{1.0, 0.9, 0.95, 0.96, 0.97, 0.98, 0.99, 1.0, 1.01, 1.02};
   auto options_for = [] { return EarlyStoppingOptions("val_score").patience(3); };

@@ -78,6 +78,13 @@ TEST_F(TrainerBadInput, EveryCaseExitsTwoAndNamesTheFix) {
       {{}, {{"RANK", "1"}}, "WORLD_SIZE"},
       {{}, {{"RANK", "abc"}, {"WORLD_SIZE", "2"}}, "RANK=abc"},
       {{"--devices", "2", "--num-nodes", "2"}, slurm_job(), "Use --devices 4"},
+      {{"--val-check-interval", "0"}, {}, "To skip validation use --limit-val-batches 0"},
+      {{"--val-check-interval", "1.5"}, {}, "for every N batches write an integer"},
+      {{"--val-check-interval", "9"}, {}, "Use at most 8, or a fraction such as 0.5"},
+      {{"--val-check-interval", "often"}, {}, "nor a number of training batches (100)"},
+      {{}, {{"LOCKSTEP_TRAINER_VAL_CHECK_INTERVAL", "-2"}}, "must be at least 1"},
+      {{"--auto-select-gpus", "maybe"}, {}, "--auto-select-gpus"},
+      {{"--accelerator", "cuda", "--auto-select-gpus", "true"}, {}, "--accelerator cpu"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     std::map<std::string, std::string> env{{"PATH", "/usr/bin:/bin"}, {"LOCKSTEP_NO_BLAS_WARNING", "1"}};

@@ -1,6 +1,7 @@
 // The Trainer with --devices 2 --strategy ddp, as real processes (the subprocess launcher
 // re-executes tests/programs/trainer_program): parity with one process, exact resume.
 #include <filesystem>
+#include <fstream>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -81,6 +82,21 @@ TEST_F(TrainerDDP, ResumeOnTwoRanksIsExact) {
   ASSERT_EQ(resumed.size(), 2u);
   EXPECT_EQ(max_diff(straight[0], resumed[0]), 0.0);
   EXPECT_EQ(max_diff(straight[1], resumed[1]), 0.0);
+}
+
+TEST_F(TrainerDDP, ValidationWithinTheEpochRunsOnEveryRankAtTheSameBatches) {
+  // 64 examples over 2 ranks in batches of 8: 4 batches per rank and epoch, so 0.5 validates
+  // after the 2nd and 4th (an interval resolved before the sampler split would see 8 batches).
+  auto ranks = run("val_half", {"--devices", "2", "--strategy", "ddp", "--max-epochs", "2", "--val",
+                                "--val-check-interval", "0.5"});
+  ASSERT_EQ(ranks.size(), 2u);
+  EXPECT_EQ(max_diff(ranks[0], ranks[1]), 0.0);
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream count(dir / "val_half" / ("validations." + std::to_string(r)));
+    int64_t validations = -1;
+    count >> validations;
+    EXPECT_EQ(validations, 4) << "rank " << r;
+  }
 }
 
 }  // namespace

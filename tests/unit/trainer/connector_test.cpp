@@ -1,0 +1,115 @@
+// The connector's GPU decisions, with an injected CUDA device count and probe (this LibTorch is a
+// CPU build): --auto-select-gpus picks free devices once and hands the pick to launched ranks.
+#include <lockstep/trainer/connector.h>
+
+#include <map>
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include <lockstep/core/usage_error.h>
+
+namespace lockstep {
+namespace {
+
+using V = std::vector<int>;
+
+// Devices in `busy` are taken; every probe is counted.
+struct FakeGpus {
+  std::set<int> busy;
+  int calls = 0;
+  accelerators::DeviceProbe probe() {
+    return [this](int id) {
+      ++calls;
+      return busy.count(id) == 0;
+    };
+  }
+};
+
+TrainerOptions cuda(const std::string& devices) {
+  return TrainerOptions().accelerator("cuda").devices(devices).process_group_backend("gloo");
+}
+
+// A process started by torchrun (or by Lockstep's own launcher) as local rank 1 of 2.
+std::map<std::string, std::string> launched_rank() {
+  return {{"RANK", "1"}, {"GROUP_RANK", "0"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
+          {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}};
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST(ConnectorGpus, WithoutAutoSelectTheFirstNDevicesAreUsedUnprobed) {
+  FakeGpus gpus{{0}};
+  const auto plan = resolve_plan(cuda("2"), environments::Environ(), nullptr, 4, gpus.probe());
+  EXPECT_EQ(plan.accelerator, "cuda");
+  EXPECT_EQ(plan.gpu_ids, (V{0, 1}));
+  EXPECT_EQ(plan.devices_per_node, 2);
+  EXPECT_EQ(gpus.calls, 0);
+}
+
+TEST(ConnectorGpus, AutoSelectPicksFreeDevicesForACount) {
+  FakeGpus gpus{{0, 2}};
+  const auto plan = resolve_plan(cuda("2").auto_select_gpus(true), environments::Environ(), nullptr, 4, gpus.probe());
+  EXPECT_EQ(plan.gpu_ids, (V{1, 3}));
+  EXPECT_EQ(plan.devices_per_node, 2);
+  EXPECT_EQ(plan.strategy->name(), "ddp");
+  EXPECT_EQ(plan.strategy->root_device(), torch::Device(torch::kCUDA, 1)) << "root device = first picked id";
+}
+
+TEST(ConnectorGpus, AutoSelectKeepsNamedIdsAndIgnoresCpu) {
+  FakeGpus gpus{{0, 1, 2, 3}};
+  auto plan = resolve_plan(cuda("0,3").auto_select_gpus(true), environments::Environ(), nullptr, 4, gpus.probe());
+  EXPECT_EQ(plan.gpu_ids, (V{0, 3}));
+  plan = resolve_plan(TrainerOptions().accelerator("cpu").devices("1").auto_select_gpus(true), environments::Environ(),
+                      nullptr, 4, gpus.probe());
+  EXPECT_EQ(plan.accelerator, "cpu");
+  EXPECT_TRUE(plan.gpu_ids.empty());
+  EXPECT_EQ(gpus.calls, 0);
+}
+
+TEST(ConnectorGpus, LaunchedRanksUseThePickOfTheProcessThatLaunchedThem) {
+  FakeGpus gpus{{}};
+  auto vars = launched_rank();
+  vars[kSelectedGpusVariable] = "1,3";
+  const auto plan =
+      resolve_plan(cuda("2").auto_select_gpus(true), environments::Environ(vars), nullptr, 4, gpus.probe());
+  EXPECT_EQ(plan.gpu_ids, (V{1, 3}));
+  EXPECT_EQ(plan.strategy->root_device(), torch::Device(torch::kCUDA, 3)) << "local rank 1 -> second picked id";
+  EXPECT_EQ(gpus.calls, 0) << "no second probe";
+
+  vars[kSelectedGpusVariable] = "1";
+  EXPECT_NE(error_of([&] { resolve_plan(cuda("2").auto_select_gpus(true), environments::Environ(vars), nullptr, 4,
+                                        gpus.probe()); })
+                .find("unset LOCKSTEP_SELECTED_GPUS"),
+            std::string::npos);
+}
+
+TEST(ConnectorGpus, AutoSelectUnderAnExternalLauncherNeedsNamedIds) {
+  FakeGpus gpus{{}};
+  const auto message = error_of([&] {
+    resolve_plan(cuda("2").auto_select_gpus(true), environments::Environ(launched_rank()), nullptr, 4, gpus.probe());
+  });
+  EXPECT_NE(message.find("--devices 0,1"), std::string::npos) << message;
+  EXPECT_NE(message.find("torchelastic"), std::string::npos) << message;
+  EXPECT_EQ(gpus.calls, 0);
+}
+
+TEST(ConnectorGpus, TooFewFreeDevicesIsAUsageError) {
+  // The real backoff waits here (0.01 + 0.02 + 0.04 + 0.08 s at most): the connector uses the defaults.
+  FakeGpus gpus{{1, 2, 3}};
+  const auto message = error_of([&] {
+    resolve_plan(cuda("2").auto_select_gpus(true), environments::Environ(), nullptr, 4, gpus.probe());
+  });
+  EXPECT_NE(message.find("1 of the 4 visible CUDA device(s) is free"), std::string::npos) << message;
+  EXPECT_EQ(gpus.calls, 5 * 4);
+}
+
+}  // namespace
+}  // namespace lockstep
