@@ -1,7 +1,11 @@
 // DDP training throughput of Lockstep, the C++ side of bench/ddp/ddp_bench.py (PyTorch DDP):
-// same MLP, same initial weights (seeded the same way), same synthetic batches, same SGD, gloo.
-//   bench_ddp --model small|25m --nproc-per-node 2 --steps 100 --warmup 10 --batch 64
-// Prints one JSON line on rank 0: steps/s over the timed steps and the final loss.
+// same network, same initial weights (seeded the same way), same synthetic batches, same SGD, gloo.
+//   bench_ddp --model small|25m|cnn --nproc-per-node 2 --steps 100 --warmup 10 --batch 64
+// Prints one JSON line on rank 0: steps/s over the timed steps, the final loss, the wall-clock
+// time (Unix seconds) when rank 0's first optimizer step returned, and every rank's peak RSS.
+// bench/run runs it beside the Python side and compares.
+#include <sys/resource.h>
+
 #include <chrono>
 #include <iostream>
 
@@ -19,28 +23,47 @@ namespace {
 
 using namespace lockstep;
 
-// Layer widths: "small" is the Fashion-MNIST MLP; "25m" has 24.2M parameters.
+// Linear widths: "small" is the Fashion-MNIST MLP; "25m" has 24.2M parameters; "cnn" is the
+// linear head of examples/fashion_mnist's CNN.
 std::vector<int64_t> widths(const std::string& model) {
   if (model == "small") return {784, 512, 256, 10};
   if (model == "25m") return {784, 4096, 4096, 1024, 10};
-  throw std::invalid_argument("--model: use small or 25m");
+  return {64 * 5 * 5, 128, 10};
 }
 
-struct MlpImpl : torch::nn::Module {
-  explicit MlpImpl(const std::vector<int64_t>& w) {
+// An MLP, or for "cnn" examples/fashion_mnist's CNN (two 3x3 convolutions with max pooling, then
+// two linear layers). Layers are created in forward order, as in ddp_bench.py, so that both
+// sides draw the same initial weights from the same seed.
+struct NetImpl : torch::nn::Module {
+  explicit NetImpl(const std::string& model) {
+    if (model == "cnn") {
+      convs.push_back(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3))));
+      convs.push_back(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3))));
+    }
+    const auto w = widths(model);
     for (size_t i = 0; i + 1 < w.size(); ++i) {
       layers.push_back(register_module("fc" + std::to_string(i + 1), torch::nn::Linear(w[i], w[i + 1])));
     }
   }
   torch::Tensor forward(torch::Tensor x) {
+    if (!convs.empty()) {
+      x = x.view({x.size(0), 1, 28, 28});
+      for (auto& conv : convs) x = torch::max_pool2d(torch::relu(conv(x)), 2);
+      x = x.flatten(1);
+    }
     for (size_t i = 0; i < layers.size(); ++i) {
       x = layers[i]->forward(x);
       if (i + 1 < layers.size()) x = torch::relu(x);
     }
     return x;
   }
+  std::vector<torch::nn::Conv2d> convs;
   std::vector<torch::nn::Linear> layers;
 };
+
+double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 int run(int argc, char** argv) {
   CLI::App app{"Lockstep DDP throughput", "bench_ddp"};
@@ -49,10 +72,11 @@ int run(int argc, char** argv) {
   int64_t batch = 64;
   double bucket_cap_mb = 25;
   bool view = true;
-  app.add_option("--model", model)->check(CLI::IsMember({"small", "25m"}));
-  app.add_option("--nproc-per-node", nproc);
-  app.add_option("--steps", steps);
-  app.add_option("--warmup", warmup);
+  app.add_option("--model", model)->check(CLI::IsMember({"small", "25m", "cnn"}));
+  app.add_option("--nproc-per-node", nproc)->check(CLI::Range(1, 1024));
+  app.add_option("--steps", steps)->check(CLI::Range(1, 1 << 30));
+  app.add_option("--warmup", warmup, "untimed steps first, at least 1 (the first is the start-up's end)")
+      ->check(CLI::Range(1, 1 << 30));
   app.add_option("--batch", batch, "examples per rank per step");
   app.add_option("--bucket-cap-mb", bucket_cap_mb);
   app.add_option("--gradient-as-bucket-view", view);
@@ -64,22 +88,18 @@ int run(int argc, char** argv) {
     env = environments::detect_environment(environments::Environ::from_process());
   }
   torch::set_num_threads(1);
-  auto group = distributed::ProcessGroup::init(distributed::ProcessGroupOptions(env->global_rank(), env->world_size())
-                                                   .main_address(env->main_address())
-                                                   .main_port(env->main_port())
-                                                   .timeout(std::chrono::seconds(300)));
-  const auto w = widths(model);
+  auto group = distributed::ProcessGroup::init(env->process_group_options().timeout(std::chrono::seconds(300)));
   torch::manual_seed(0);
-  auto net = std::make_shared<MlpImpl>(w);
-  distributed::DistributedDataParallel<MlpImpl> ddp(
+  auto net = std::make_shared<NetImpl>(model);
+  distributed::DistributedDataParallel<NetImpl> ddp(
       net, *group, distributed::DDPOptions().bucket_cap_mb(bucket_cap_mb).gradient_as_bucket_view(view));
   torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01));
   // Each rank's batches: a fixed generator per rank, the same on the Python side.
   auto generator = at::make_generator<at::CPUGeneratorImpl>(1000 + group->rank());
   std::vector<torch::Tensor> xs, ys;
   for (int i = 0; i < 8; ++i) {
-    xs.push_back(torch::randn({batch, w.front()}, generator));
-    ys.push_back(torch::randint(w.back(), {batch}, generator, torch::kInt64));
+    xs.push_back(torch::randn({batch, 784}, generator));
+    ys.push_back(torch::randint(10, {batch}, generator, torch::kInt64));
   }
   double loss_value = 0;
   auto step = [&](int i) {
@@ -89,17 +109,31 @@ int run(int argc, char** argv) {
     optimizer.step();
     loss_value = loss.item<double>();
   };
-  for (int i = 0; i < warmup; ++i) step(i);
+  step(0);
+  const double first_step_unix = unix_seconds();
+  for (int i = 1; i < warmup; ++i) step(i);
   distributed::barrier(*group, "timed_start");
   const auto start = std::chrono::steady_clock::now();
   for (int i = warmup; i < warmup + steps; ++i) step(i);
   distributed::barrier(*group, "timed_end");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   auto loss = distributed::all_reduce(*group, torch::tensor({loss_value}, torch::kFloat64));
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);  // ru_maxrss: KiB on Linux
+  auto rss = torch::zeros({group->world_size()}, torch::kFloat64);
+  rss[group->rank()] = static_cast<double>(usage.ru_maxrss) / 1024.0;
+  rss = distributed::all_reduce(*group, rss, distributed::ReduceOp::sum);
   if (group->rank() == 0) {
-    std::cout << nlohmann::json{{"impl", "lockstep"}, {"model", model},  {"world_size", group->world_size()},
-                                {"steps", steps},     {"batch", batch},  {"steps_per_s", steps / seconds},
-                                {"loss", loss.item<double>()}}
+    std::cout << nlohmann::json{{"impl", "lockstep"},
+                                {"model", model},
+                                {"world_size", group->world_size()},
+                                {"steps", steps},
+                                {"batch", batch},
+                                {"steps_per_s", steps / seconds},
+                                {"loss", loss.item<double>()},
+                                {"first_step_unix", first_step_unix},
+                                {"peak_rss_mb", std::vector<double>(rss.data_ptr<double>(),
+                                                                    rss.data_ptr<double>() + rss.numel())}}
                      .dump()
               << std::endl;
   }

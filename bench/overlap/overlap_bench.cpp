@@ -96,10 +96,7 @@ std::pair<double, double> union_length(std::vector<std::pair<double, double>> sp
 int run_worker(const Args& args) {
   torch::set_num_threads(args.threads);
   const auto env = environments::detect_environment(environments::Environ::from_process());
-  auto group = distributed::ProcessGroup::init(distributed::ProcessGroupOptions(env->global_rank(), env->world_size())
-                                                   .main_address(env->main_address())
-                                                   .main_port(env->main_port())
-                                                   .timeout(std::chrono::seconds(300)));
+  auto group = distributed::ProcessGroup::init(env->process_group_options().timeout(std::chrono::seconds(300)));
   auto& g = *group;
   torch::manual_seed(1);
   auto model = std::make_shared<Mlp>(args);

@@ -5,9 +5,7 @@ using namespace lockstep;
 int main() {
   auto env = environments::detect_environment(environments::Environ::from_process());
   auto group = distributed::ProcessGroup::init(
-      distributed::ProcessGroupOptions(env->global_rank(), env->world_size())
-          .main_address(env->main_address()).main_port(env->main_port())
-          .timeout(std::chrono::seconds(60)));
+      env->process_group_options().timeout(std::chrono::seconds(60)));
   auto loss = torch::tensor({1.0f + group->rank()});
   distributed::all_reduce(*group, loss);                 // mean over ranks, in place
   distributed::barrier(*group, "after_loss");

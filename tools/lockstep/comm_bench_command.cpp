@@ -157,12 +157,7 @@ double timed(const std::function<void()>& fn) {
 int run_worker(const BenchArgs& args) {
   const auto env = environments::detect_environment(environments::Environ::from_process());
   auto group = distributed::ProcessGroup::init(
-      distributed::ProcessGroupOptions(env->global_rank(), env->world_size())
-          .main_address(env->main_address())
-          .main_port(env->main_port())
-          .use_agent_store(env->use_agent_store())
-          .restart_count(env->restart_count())
-          .timeout(std::chrono::milliseconds(static_cast<int64_t>(args.timeout * 1000))));
+      env->process_group_options().timeout(std::chrono::milliseconds(static_cast<int64_t>(args.timeout * 1000))));
   auto& g = *group;
   const int n = g.world_size();
   bool all_correct = true;

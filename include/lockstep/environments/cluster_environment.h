@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <lockstep/distributed/process_group_options.h>
+
 namespace lockstep {
 namespace environments {
 
@@ -66,6 +68,9 @@ class ClusterEnvironment {
   /// How many times the launcher has restarted the workers; with use_agent_store() the ranks of
   /// each attempt meet under their own keys. Default: 0.
   virtual int restart_count() const { return 0; }
+  /// What ProcessGroup::init needs to join this job's ranks: rank, world size, main address and
+  /// port, and the launcher's store where it hosts one. Backend and timeout stay at their defaults.
+  distributed::ProcessGroupOptions process_group_options() const;
   /// Throws EnvironmentError when the trainer's devices/num_nodes contradict the scheduler.
   virtual void validate_settings(int /*devices*/, int /*num_nodes*/) const {}
   /// One line for logs and `lockstep env`, e.g.

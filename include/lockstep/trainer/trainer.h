@@ -5,6 +5,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -115,8 +116,9 @@ class Trainer {
   void run_validation(DataLoader& val);
   std::map<std::string, double> run_evaluation(DataLoader& loader, Phase phase, int64_t max_batches);
   void optimizer_step();
-  void emit_step_metrics(bool force);
-  void emit(const std::map<std::string, double>& metrics);
+  /// Rows are labelled with `epoch` (default: the current one).
+  void emit_step_metrics(bool force, std::optional<int64_t> epoch = std::nullopt);
+  void emit(const std::map<std::string, double>& metrics, std::optional<int64_t> epoch = std::nullopt);
   torch::Tensor run_step(const std::function<torch::Tensor()>& step);
   void print_fit_end(double seconds);
   /// Runs `fn` on every callback, each timed as "[Callback]<name>.<hook>" when profiling.

@@ -254,7 +254,9 @@ ModelCheckpoint::TopKDecision ModelCheckpoint::decide_topk(Trainer& trainer,
     const std::string previous = best_model_path_;
     best_model_path_ = unused_path(candidates, previous);
     decision.save = best_model_path_;
-    if (options_.save_top_k() == 1 && !previous.empty() && previous != best_model_path_) decision.remove = previous;
+    // Only a file of this folder: after a resume, the previous run's checkpoints stay (Lightning).
+    const bool ours = std::filesystem::path(previous).parent_path() == std::filesystem::path(dirpath_);
+    if (options_.save_top_k() == 1 && ours && previous != best_model_path_) decision.remove = previous;
     return decision;
   }
   const auto found = candidates.find(options_.monitor());

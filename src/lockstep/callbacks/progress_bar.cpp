@@ -39,6 +39,11 @@ std::string metrics_text(const std::map<std::string, double>& metrics) {
   return text;
 }
 
+// "; a=1, b=2" after a summary, or nothing when there are no metrics.
+std::string with_metrics(const std::map<std::string, double>& metrics) {
+  return metrics.empty() ? std::string() : "; " + metrics_text(metrics);
+}
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -144,7 +149,7 @@ void ProgressBar::on_validation_end(Trainer& trainer, TrainingModule& module) {
   // trainer.validate(): one line with the results.
   const int64_t total = trainer.num_val_batches();
   const std::string text = "Validation done: " + std::to_string(total) + " batches in " +
-                           interval(seconds_since(validation_start_)) + "; " + metrics_text(trainer.callback_metrics());
+                           interval(seconds_since(validation_start_)) + with_metrics(trainer.callback_metrics());
   if (live_) {
     draw(text, true, true);
   } else {
@@ -163,7 +168,7 @@ void ProgressBar::on_train_epoch_end(Trainer& trainer, TrainingModule& module) {
   const double elapsed = seconds_since(epoch_start_);
   const double rate = elapsed > 0 ? static_cast<double>(batches_done_) / elapsed : 0.0;
   write(label + " done: " + std::to_string(batches_done_) + " batches in " + interval(elapsed) + " (" +
-        rate_text(rate) + "); " + metrics_text(trainer.callback_metrics()) + "\n");
+        rate_text(rate) + ")" + with_metrics(trainer.callback_metrics()) + "\n");
 }
 
 }  // namespace lockstep

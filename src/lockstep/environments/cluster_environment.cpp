@@ -205,5 +205,13 @@ void check_positive(const std::string& name, int size) {
 }
 
 }  // namespace detail
+distributed::ProcessGroupOptions ClusterEnvironment::process_group_options() const {
+  return distributed::ProcessGroupOptions(global_rank(), world_size())
+      .main_address(main_address())
+      .main_port(main_port())
+      .use_agent_store(use_agent_store())
+      .restart_count(restart_count());
+}
+
 }  // namespace environments
 }  // namespace lockstep

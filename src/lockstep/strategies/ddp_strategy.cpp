@@ -57,11 +57,7 @@ void DDPStrategy::setup_environment() {
   if (group_) return;
   const auto& env = *context_.environment;
   group_ = distributed::ProcessGroup::init(
-      distributed::ProcessGroupOptions(env.global_rank(), env.world_size())
-          .main_address(env.main_address())
-          .main_port(env.main_port())
-          .use_agent_store(env.use_agent_store())
-          .restart_count(env.restart_count())
+      env.process_group_options()
           .backend(context_.process_group_backend)
           .timeout(std::chrono::milliseconds(static_cast<int64_t>(context_.timeout_seconds * 1000))));
 }

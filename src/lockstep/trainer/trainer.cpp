@@ -285,22 +285,22 @@ torch::Tensor Trainer::run_step(const std::function<torch::Tensor()>& step) {
   return step();
 }
 
-void Trainer::emit(const std::map<std::string, double>& metrics) {
+void Trainer::emit(const std::map<std::string, double>& metrics, std::optional<int64_t> epoch) {
   if (metrics.empty() || !plan_.strategy->is_global_zero()) return;
   std::map<std::string, double> row;
   for (const auto& [name, value] : metrics) {
     if (metrics_.to_logger(name)) row[name] = value;
   }
   if (row.empty()) return;
-  row["epoch"] = static_cast<double>(current_epoch_);
+  row["epoch"] = static_cast<double>(epoch.value_or(current_epoch_));
   for (auto& logger : loggers_) logger->log_metrics(row, global_step_);
 }
 
-void Trainer::emit_step_metrics(bool force) {
+void Trainer::emit_step_metrics(bool force, std::optional<int64_t> epoch) {
   if (!force && global_step_ % options_.log_every_n_steps() != 0) return;
   auto values = metrics_.take_step_values();
   for (const auto& [name, value] : values) callback_metrics_[name] = value;
-  emit(values);
+  emit(values, epoch);
 }
 
 void Trainer::optimizer_step() {
@@ -504,7 +504,8 @@ void Trainer::fit(const std::shared_ptr<TrainingModule>& module, const std::shar
     ++current_epoch_;
     epoch_completed_ = false;
   }
-  emit_step_metrics(true);
+  // The steps not yet logged belong to the last epoch that ran.
+  emit_step_metrics(true, std::max<int64_t>(0, current_epoch_ - 1));
   module_->on_fit_end();
   each_callback("on_fit_end", [&](Callback& c) { c.on_fit_end(*this, *module_); });
   for (auto& logger : loggers_) logger->finalize("success");

@@ -139,6 +139,26 @@ TEST_F(ModelCheckpointTest, WithoutMonitorKeepsTheLatestInTheLogDir) {
   EXPECT_FALSE(checkpoint->best_model_score().has_value());
 }
 
+// A resumed run saves into its own version_N folder and leaves the first run's files alone.
+TEST_F(ModelCheckpointTest, ResumingInANewLogDirKeepsThePreviousRunsCheckpoints) {
+  Trainer first(options(2));
+  auto first_checkpoint = std::make_shared<ModelCheckpoint>(ModelCheckpointOptions().save_last(true));
+  first.add_callback(first_checkpoint);
+  fit(first, std::make_shared<testing::Regressor>(), false);
+  const fs::path first_dir = fs::path(first.log_dir()) / "checkpoints";
+  const std::set<std::string> first_files{"epoch=1-step=4.ckpt", "last.ckpt"};
+  ASSERT_EQ(files(first_dir), first_files);
+
+  Trainer again(options(3).ckpt_path((first_dir / "last.ckpt").string()));
+  auto resumed = std::make_shared<ModelCheckpoint>(ModelCheckpointOptions().save_last(true));
+  again.add_callback(resumed);
+  fit(again, std::make_shared<testing::Regressor>(), false);
+  ASSERT_NE(again.log_dir(), first.log_dir());
+  EXPECT_EQ(files(first_dir), first_files);
+  EXPECT_EQ(files(fs::path(again.log_dir()) / "checkpoints"),
+            (std::set<std::string>{"epoch=2-step=6.ckpt", "last.ckpt"}));
+}
+
 TEST_F(ModelCheckpointTest, SaveLastWritesLastCkptEveryEpoch) {
   auto checkpoint = std::make_shared<ModelCheckpoint>(ModelCheckpointOptions()
                                                           .dirpath((root / "ckpts").string())

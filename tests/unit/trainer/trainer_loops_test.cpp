@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -58,6 +59,29 @@ class ValCheckInterval : public ::testing::Test {
     }
     return "<accepted>";
   }
+  /// metrics.csv as rows of column name -> cell (empty for a value the row does not have).
+  std::vector<std::map<std::string, std::string>> csv_rows() const {
+    std::ifstream csv(std::filesystem::path(trainer->log_dir()) / "metrics.csv");
+    EXPECT_TRUE(csv) << trainer->log_dir();
+    auto split = [](const std::string& line) {
+      std::vector<std::string> cells;
+      std::stringstream in(line);
+      for (std::string cell; std::getline(in, cell, ',');) cells.push_back(cell);
+      if (!line.empty() && line.back() == ',') cells.emplace_back();
+      return cells;
+    };
+    std::string line;
+    std::getline(csv, line);
+    const auto header = split(line);
+    std::vector<std::map<std::string, std::string>> rows;
+    while (std::getline(csv, line)) {
+      const auto cells = split(line);
+      std::map<std::string, std::string> row;
+      for (size_t k = 0; k < header.size(); ++k) row[header[k]] = k < cells.size() ? cells[k] : "";
+      rows.push_back(std::move(row));
+    }
+    return rows;
+  }
   testing::TempDir dir{"val_check_interval"};
   std::shared_ptr<ValidationRecorder> model;
   std::unique_ptr<Trainer> trainer;
@@ -103,26 +127,22 @@ TEST_F(ValCheckInterval, TrainingEpochMeansSurviveValidationWithinTheEpoch) {
 
 TEST_F(ValCheckInterval, ValidationRowsAreLoggedAtTheirSteps) {
   checks(options("0.5"));
-  std::ifstream csv(std::filesystem::path(trainer->log_dir()) / "metrics.csv");
-  ASSERT_TRUE(csv) << trainer->log_dir();
-  auto split = [](const std::string& line) {
-    std::vector<std::string> cells;
-    std::stringstream in(line);
-    for (std::string cell; std::getline(in, cell, ',');) cells.push_back(cell);
-    if (!line.empty() && line.back() == ',') cells.emplace_back();
-    return cells;
-  };
-  std::string line;
-  std::getline(csv, line);
-  const auto header = split(line);
-  const auto column = std::find(header.begin(), header.end(), "val_loss") - header.begin();
-  ASSERT_LT(column, static_cast<long>(header.size())) << line;
   std::vector<std::string> steps;
-  while (std::getline(csv, line)) {
-    const auto cells = split(line);
-    if (static_cast<long>(cells.size()) > column && !cells[column].empty()) steps.push_back(cells[0]);
+  for (const auto& row : csv_rows()) {
+    if (!row.at("val_loss").empty()) steps.push_back(row.at("step"));
   }
   EXPECT_EQ(steps, (std::vector<std::string>{"5", "10", "15", "20"}));
+}
+
+// Step values not yet logged (every 50 steps by default) are written at the end of fit, labelled
+// with the epoch they came from: 2 epochs of 10 steps give one train_loss row, at step 20, epoch 1.
+TEST_F(ValCheckInterval, LastStepRowsCarryTheLastEpoch) {
+  checks(options("1.0"));
+  std::vector<std::pair<std::string, std::string>> train_rows;
+  for (const auto& row : csv_rows()) {
+    if (!row.at("train_loss").empty()) train_rows.emplace_back(row.at("step"), row.at("epoch"));
+  }
+  EXPECT_EQ(train_rows, (std::vector<std::pair<std::string, std::string>>{{"20", "1"}}));
 }
 
 TEST_F(ValCheckInterval, BadValuesAreUsageErrorsBeforeTraining) {

@@ -1,0 +1,102 @@
+// bench/run, the benchmark harness (issue 6): a quick run on this build's programs writes every
+// section, with the loss check passed for every model and positive figures. No timing
+// assertions: this proves the harness works, not how fast anything is.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <set>
+
+#include "../support/command.h"
+#include "../support/temp_dir.h"
+
+namespace lockstep {
+namespace {
+
+using testing::run_command;
+
+const std::string bench_run = std::string(LOCKSTEP_SOURCE_DIR) + "/bench/run";
+const std::string build_dir = std::filesystem::path(LOCKSTEP_BIN_DIR).parent_path().string();
+
+std::map<std::string, std::string> plain_environment() { return {{"PATH", "/usr/bin:/bin"}, {"HOME", "/tmp"}}; }
+
+void expect_positive(const nlohmann::json& j, const std::string& where) {
+  ASSERT_TRUE(j.is_number()) << where << " = " << j.dump();
+  EXPECT_GT(j.get<double>(), 0) << where;
+}
+
+void expect_ddp_entry(const nlohmann::json& e, int world_size) {
+  const std::string name = e.value("model", "?") + " x" + std::to_string(world_size);
+  EXPECT_EQ(e["world_size"], world_size) << name;
+  EXPECT_TRUE(e["loss_check"]["ok"].get<bool>()) << name << ": " << e["loss_check"].dump();
+  for (const char* side : {"lockstep", "pytorch"}) {
+    ASSERT_TRUE(e.contains(side)) << name << ": " << e.dump();
+    for (const char* key : {"steps_per_s", "samples_per_s", "startup_s", "peak_rss_mb"}) {
+      expect_positive(e[side][key], name + " " + side + "." + key);
+    }
+  }
+  expect_positive(e["ratio"], name + " ratio");
+}
+
+TEST(BenchRun, QuickRunWritesEverySection) {
+  testing::TempDir out("bench_run");
+  // The quick mode must end in under 3 minutes; allow for a loaded machine.
+  const auto result = run_command({bench_run, "--quick", "--no-build", "--build-dir", build_dir, "--out", out.path()},
+                                  plain_environment(), std::chrono::seconds(280));
+  ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
+  EXPECT_NE(result.out.find("| Section | Measure |"), std::string::npos) << result.out;
+  ASSERT_TRUE(std::filesystem::exists(out / "latest.json")) << result.err;
+  EXPECT_TRUE(std::filesystem::exists(out / "benchmarks.md"));
+  EXPECT_TRUE(std::filesystem::exists(out / "benchmarks.png"));
+  const auto j = nlohmann::json::parse(testing::slurp(out / "latest.json"));
+  EXPECT_TRUE(j["ok"].get<bool>());
+  EXPECT_EQ(j["meta"]["mode"], "quick");
+  for (const char* key : {"date", "machine", "versions"}) EXPECT_TRUE(j["meta"].contains(key)) << key;
+
+  ASSERT_EQ(j["ddp"].size(), 3u);
+  std::set<std::string> models;
+  for (const auto& e : j["ddp"]) {
+    models.insert(e["model"].get<std::string>());
+    expect_ddp_entry(e, 2);
+  }
+  EXPECT_EQ(models, (std::set<std::string>{"small", "25m", "cnn"}));
+
+  const auto& t = j["trainer_overhead"];
+  for (const char* key : {"trainer_s_per_epoch", "loop_s_per_epoch", "ratio"}) expect_positive(t[key], key);
+
+  const auto& g = j["gradient_sync"];
+  EXPECT_TRUE(g["comm_bench"]["correct"].get<bool>());
+  for (const char* key : {"reducer_busbw_gbps", "raw_busbw_gbps", "allreduce_busbw_ratio", "reducer_busbw_ratio"}) {
+    expect_positive(g[key], key);
+  }
+  EXPECT_GE(g["hidden_share"].get<double>(), 0.0);
+  EXPECT_LE(g["hidden_share"].get<double>(), 1.0);
+
+  expect_positive(j["startup"]["lockstep_s"], "startup lockstep_s");
+  expect_positive(j["startup"]["pytorch_s"], "startup pytorch_s");
+
+  ASSERT_EQ(j["peak_rss"].size(), 3u);
+  for (const auto& m : j["peak_rss"]) {
+    expect_positive(m["lockstep_mb"], "peak_rss lockstep_mb");
+    expect_positive(m["pytorch_mb"], "peak_rss pytorch_mb");
+  }
+
+  ASSERT_EQ(j["scaling"].size(), 3u);
+  const int ranks[] = {1, 2, 4};
+  for (size_t i = 0; i < 3; ++i) expect_ddp_entry(j["scaling"][i], ranks[i]);
+}
+
+TEST(BenchRun, BadInputIsOneMessageAndExitTwo) {
+  for (const auto& args : std::vector<std::vector<std::string>>{{"--pairs", "0"}, {"--frobnicate"}, {"--pairs", "x"}}) {
+    std::vector<std::string> argv{bench_run, "--no-build", "--build-dir", build_dir};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const auto result = run_command(argv, plain_environment(), std::chrono::seconds(30));
+    EXPECT_EQ(result.exit_code, 2) << args[0] << ": " << result.err;
+    EXPECT_EQ(result.err.find("Traceback"), std::string::npos) << result.err;
+    EXPECT_NE(result.err.find("bench/run: error: "), std::string::npos) << result.err;
+    EXPECT_TRUE(result.out.empty()) << result.out;
+  }
+}
+
+}  // namespace
+}  // namespace lockstep
