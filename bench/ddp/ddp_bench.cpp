@@ -17,6 +17,7 @@
 #include <lockstep/distributed/collectives.h>
 #include <lockstep/distributed/ddp.h>
 #include <lockstep/environments/cluster_environment.h>
+#include <lockstep/launchers/fork_launcher.h>
 #include <lockstep/launchers/subprocess_launcher.h>
 
 namespace {
@@ -72,6 +73,7 @@ int run(int argc, char** argv) {
   int64_t batch = 64;
   double bucket_cap_mb = 25;
   bool view = true;
+  std::string start_method = "popen";
   app.add_option("--model", model)->check(CLI::IsMember({"small", "25m", "cnn"}));
   app.add_option("--nproc-per-node", nproc)->check(CLI::Range(1, 1024));
   app.add_option("--steps", steps)->check(CLI::Range(1, 1 << 30));
@@ -80,11 +82,18 @@ int run(int argc, char** argv) {
   app.add_option("--batch", batch, "examples per rank per step");
   app.add_option("--bucket-cap-mb", bucket_cap_mb);
   app.add_option("--gradient-as-bucket-view", view);
+  app.add_option("--start-method", start_method, "popen: re-execute for the other ranks; fork: fork them")
+      ->check(CLI::IsMember({"popen", "fork"}));
   CLI11_PARSE(app, argc, argv);
 
   auto env = environments::detect_environment(environments::Environ::from_process());
   if (!env->creates_processes_externally() && nproc > 1) {
-    launchers::SubprocessLauncher(launchers::LaunchOptions().nproc_per_node(nproc).master_port(env->main_port())).launch();
+    const auto options = launchers::LaunchOptions().nproc_per_node(nproc).master_port(env->main_port());
+    if (start_method == "fork") {
+      launchers::ForkLauncher(options).launch();
+    } else {
+      launchers::SubprocessLauncher(options).launch();
+    }
     env = environments::detect_environment(environments::Environ::from_process());
   }
   torch::set_num_threads(1);

@@ -74,6 +74,7 @@ TEST(BenchRun, QuickRunWritesEverySection) {
 
   expect_positive(j["startup"]["lockstep_s"], "startup lockstep_s");
   expect_positive(j["startup"]["pytorch_s"], "startup pytorch_s");
+  expect_positive(j["startup"]["lockstep_fork_s"], "startup lockstep_fork_s");
 
   ASSERT_EQ(j["peak_rss"].size(), 3u);
   for (const auto& m : j["peak_rss"]) {
