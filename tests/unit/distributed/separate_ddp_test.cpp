@@ -100,12 +100,8 @@ std::vector<at::Tensor> initial_gan() {
   return clone_all(Gan()->parameters());
 }
 
-TEST(SeparateDDP, GanTrainsAlternatelyAndReplicasStayIdentical) {
-  torch::set_num_threads(1);
-  const int world = 2;
-  const auto init = initial_gan();
-  const GanData data(world * kPerRank);
-  // One process on the whole batch.
+// The parameters after kSteps alternating steps of one process on the whole batch.
+std::vector<at::Tensor> one_process(const std::vector<at::Tensor>& init, const GanData& data) {
   Gan ref;
   copy_into(ref->parameters(), init);
   auto ref_g = adam(ref->generator->parameters());
@@ -113,7 +109,15 @@ TEST(SeparateDDP, GanTrainsAlternatelyAndReplicasStayIdentical) {
   for (int s = 0; s < kSteps; ++s) {
     gan_step(ref->generator, ref->activation, ref->discriminator, *ref_g, *ref_d, data.real[s], data.noise[s]);
   }
-  const auto expected = clone_all(ref->parameters());
+  return clone_all(ref->parameters());
+}
+
+TEST(SeparateDDP, GanTrainsAlternatelyAndReplicasStayIdentical) {
+  torch::set_num_threads(1);
+  const int world = 2;
+  const auto init = initial_gan();
+  const GanData data(world * kPerRank);
+  const auto expected = one_process(init, data);
   std::mutex mutex;
   double worst_ref = 0, worst_ranks = -1;
   run_ranks(world, [&](ProcessGroup& g) {
@@ -158,14 +162,7 @@ TEST(SeparateDDP, DirectCallsArmOnlyThePartsTheLossReaches) {
   const int world = 2;
   const auto init = initial_gan();
   const GanData data(world * kPerRank);
-  Gan ref;
-  copy_into(ref->parameters(), init);
-  auto ref_g = adam(ref->generator->parameters());
-  auto ref_d = adam(ref->discriminator->parameters());
-  for (int s = 0; s < kSteps; ++s) {
-    gan_step(ref->generator, ref->activation, ref->discriminator, *ref_g, *ref_d, data.real[s], data.noise[s]);
-  }
-  const auto expected = clone_all(ref->parameters());
+  const auto expected = one_process(init, data);
   lockstep::testing::Worst worst;
   run_ranks(world, [&](ProcessGroup& g) {
     Gan gan;
