@@ -96,7 +96,8 @@ class Classifier : public TrainingModule {
     } else {
       config.optimizers.push_back(std::make_shared<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(flags_.lr)));
     }
-    // The learning rate falls by lr_gamma after every epoch: short runs end on a settled model.
+    // The learning rate falls by lr_gamma after every epoch but the first (LibTorch's StepLR does
+    // not decay on its first step, unlike Python's): short runs end on a settled model.
     config.schedulers.push_back({std::make_shared<torch::optim::StepLR>(*config.optimizers[0], 1, flags_.lr_gamma), "epoch"});
     return config;
   }
@@ -118,7 +119,9 @@ int run(int argc, char** argv) {
   app.add_option("--lr", flags.lr, "learning rate")->check(CLI::Range(1e-12, 1e6))->capture_default_str();
   app.add_option("--optimizer", flags.optimizer, "adam|sgd")->check(CLI::IsMember({"adam", "sgd"}))->capture_default_str();
   app.add_option("--momentum", flags.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0))->capture_default_str();
-  app.add_option("--lr-gamma", flags.lr_gamma, "learning-rate factor after each epoch (1: constant)")
+  app.add_option("--lr-gamma", flags.lr_gamma,
+                 "learning-rate factor after each epoch from the second on (LibTorch's StepLR skips its first "
+                 "step; 1: constant)")
       ->check(CLI::Range(0.0, 1.0))->capture_default_str();
   app.add_flag("--no-shuffle", flags.no_shuffle, "keep the training set's order");
   app.add_option("--data-dir", flags.data_dir, "folder with the *-idx?-ubyte(.gz) files")->capture_default_str();

@@ -51,7 +51,15 @@ TEST(LockstepEnv, PlainMachineIsLocal) {
 }
 
 TEST(LockstepEnv, RecordedSlurmJob) {
-  auto j = env_json(fixture("slurm_srun_rank5.env"));
+  // 8 tasks on 2 nodes: what the Trainer would run needs --num-nodes 2, and says so without it.
+  auto result = run_command({lockstep_bin, "env"}, fixture("slurm_srun_rank5.env"));
+  EXPECT_EQ(result.exit_code, 2) << result.out;
+  EXPECT_NE(result.err.find("--devices auto took the 8 processes of the job over --num-nodes 1 = 8 per node"),
+            std::string::npos)
+      << result.err;
+  EXPECT_NE(result.err.find("Or give --num-nodes the job's node count."), std::string::npos) << result.err;
+  auto j = env_json(fixture("slurm_srun_rank5.env"), {"--num-nodes", "2"});
+  EXPECT_EQ(j["devices"], 4);
   EXPECT_EQ(j["environment"], "slurm");
   EXPECT_EQ(j["global_rank"], 5);
   EXPECT_EQ(j["world_size"], 8);
@@ -122,6 +130,9 @@ TEST(LockstepLaunch, TwoWorkersSeeOneJob) {
     addresses.insert(j["main_address"].get<std::string>() + ":" + std::to_string(j["main_port"].get<int>()));
     EXPECT_EQ(j["world_size"], 2) << line;
     EXPECT_EQ(j["environment"], "torchelastic") << line;
+    // What the Trainer would run: the 2 processes the launcher started on this node, with ddp.
+    EXPECT_EQ(j["devices"], 2) << line;
+    EXPECT_EQ(j["strategy"], "ddp") << line;
   }
   EXPECT_EQ(ranks, (std::set<int>{0, 1}));
   EXPECT_EQ(addresses.size(), 1u) << result.out;

@@ -7,6 +7,7 @@
 #include <lockstep/cli/trainer_flags.h>
 #include <lockstep/core/blas.h>
 #include <lockstep/environments/cluster_environment.h>
+#include <lockstep/trainer/connector.h>
 
 #include "commands.h"
 
@@ -19,28 +20,24 @@ struct EnvArgs {
   TrainerOptions flags;
 };
 
-nlohmann::json describe(const EnvArgs& args, bool devices_given) {
-  const auto env = environments::detect_environment(environments::Environ::from_process());
-  const int cuda = accelerators::cuda_device_count();
-  const std::string accelerator = accelerators::parse_accelerator(args.flags.accelerator(), cuda);
-  const int per_node = accelerators::devices_per_node(accelerator, args.flags.devices(), cuda);
-  if (devices_given || args.flags.num_nodes() != 1) env->validate_settings(per_node, args.flags.num_nodes());
-  std::string strategy = args.flags.strategy();
-  if (strategy == "auto") {
-    strategy = (env->world_size() > 1 || per_node * args.flags.num_nodes() > 1) ? "ddp" : "single_device";
-  }
-  return {{"environment", env->name()},
-          {"world_size", env->world_size()},
-          {"global_rank", env->global_rank()},
-          {"local_rank", env->local_rank()},
-          {"node_rank", env->node_rank()},
-          {"main_address", env->main_address()},
-          {"main_port", env->main_port()},
-          {"creates_processes_externally", env->creates_processes_externally()},
-          {"accelerator", accelerator},
-          {"devices", per_node},
-          {"num_nodes", args.flags.num_nodes()},
-          {"strategy", strategy},
+// What the Trainer would run as here: the connector's own plan (environment, accelerator,
+// devices per node, strategy), so that both always agree.
+nlohmann::json describe(const EnvArgs& args) {
+  const auto plan = resolve_plan(args.flags, environments::Environ::from_process(), nullptr,
+                                 accelerators::cuda_device_count());
+  const auto& env = *plan.environment;
+  return {{"environment", env.name()},
+          {"world_size", env.world_size()},
+          {"global_rank", env.global_rank()},
+          {"local_rank", env.local_rank()},
+          {"node_rank", env.node_rank()},
+          {"main_address", env.main_address()},
+          {"main_port", env.main_port()},
+          {"creates_processes_externally", env.creates_processes_externally()},
+          {"accelerator", plan.accelerator},
+          {"devices", plan.devices_per_node},
+          {"num_nodes", plan.num_nodes},
+          {"strategy", plan.strategy->name()},
           {"blas", core::blas_library()}};
 }
 
@@ -53,7 +50,7 @@ Command add_env_command(CLI::App& app) {
   cli::add_trainer_flags(*sub, args->flags);
   return {sub, [args, sub] {
     core::warn_if_reference_blas();
-    const auto info = describe(*args, sub->count("--devices") > 0);
+    const auto info = describe(*args);
     if (args->json) {
       std::cout << info.dump() << std::endl;
       return 0;

@@ -107,7 +107,16 @@ ExecutionPlan resolve_plan(const TrainerOptions& o, const environments::Environ&
   plan.num_nodes = o.num_nodes();
   plan.devices_per_node = devices_for(o, environ, *plan.environment, plan.accelerator, cuda_count, probe, plan.gpu_ids);
   if (plan.environment->creates_processes_externally()) {
-    plan.environment->validate_settings(plan.devices_per_node, plan.num_nodes);
+    try {
+      plan.environment->validate_settings(plan.devices_per_node, plan.num_nodes);
+    } catch (const environments::EnvironmentError& e) {
+      if (o.devices() != "auto") throw;
+      // The user set neither: say where the number came from.
+      throw environments::EnvironmentError(
+          "--devices auto took the " + std::to_string(plan.environment->world_size()) + " processes of the job over " +
+          "--num-nodes " + std::to_string(plan.num_nodes) + " = " + std::to_string(plan.devices_per_node) +
+          " per node. " + e.what() + " Or give --num-nodes the job's node count.");
+    }
   } else if (plan.num_nodes > 1) {
     throw UsageError("--num-nodes " + std::to_string(plan.num_nodes) + " but no scheduler started this process: "
                      "start one process per node with `lockstep launch --nnodes " + std::to_string(plan.num_nodes) +
