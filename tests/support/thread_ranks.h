@@ -18,18 +18,15 @@
 namespace lockstep {
 namespace testing {
 
-inline void run_ranks(int world_size, const std::function<void(distributed::ProcessGroup&)>& body,
-                      std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
+/// Runs body(rank) for each rank on its own thread; rethrows the first failure after all joined.
+inline void run_threads(int world_size, const std::function<void(int)>& body) {
   std::vector<std::thread> threads;
   std::mutex mutex;
   std::exception_ptr failure;
   for (int rank = 0; rank < world_size; ++rank) {
     threads.emplace_back([&, rank] {
       try {
-        auto group = distributed::ProcessGroup::init_with_store(
-            store, distributed::ProcessGroupOptions(rank, world_size).timeout(timeout));
-        body(*group);
+        body(rank);
       } catch (...) {
         std::lock_guard<std::mutex> lock(mutex);
         if (!failure) failure = std::current_exception();
@@ -38,6 +35,16 @@ inline void run_ranks(int world_size, const std::function<void(distributed::Proc
   }
   for (auto& t : threads) t.join();
   if (failure) std::rethrow_exception(failure);
+}
+
+inline void run_ranks(int world_size, const std::function<void(distributed::ProcessGroup&)>& body,
+                      std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  run_threads(world_size, [&](int rank) {
+    auto group = distributed::ProcessGroup::init_with_store(
+        store, distributed::ProcessGroupOptions(rank, world_size).timeout(timeout));
+    body(*group);
+  });
 }
 
 }  // namespace testing

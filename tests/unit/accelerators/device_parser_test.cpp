@@ -7,19 +7,14 @@
 #include <torch/cuda.h>
 
 #include <lockstep/core/usage_error.h>
+#include "../../support/errors.h"
+#include "../../support/fake_gpus.h"
 
 namespace lockstep {
 namespace accelerators {
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using testing::error_of;
 
 TEST(ParseAccelerator, ResolvesNamesAgainstTheDeviceCount) {
   EXPECT_EQ(parse_accelerator("auto", 0), "cpu");
@@ -80,22 +75,7 @@ TEST(DevicesPerNode, FollowsTheAccelerator) {
   EXPECT_EQ(devices_per_node("cuda", "-1", 4), 4);
 }
 
-// A probe over `visible` devices of which `busy` are taken; counts its calls per device.
-struct FakeGpus {
-  std::set<int> busy;
-  std::map<int, int> probed;
-  DeviceProbe probe() {
-    return [this](int id) {
-      ++probed[id];
-      return busy.count(id) == 0;
-    };
-  }
-  int calls() const {
-    int n = 0;
-    for (const auto& [id, count] : probed) n += count;
-    return n;
-  }
-};
+using testing::FakeGpus;
 
 // Waits recorded, never slept; the jitter draw is 1.0 (each wait at its largest).
 BackoffOptions no_sleep(std::vector<double>& waits) {

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include <torch/torch.h>
+#include "../../support/errors.h"
 
 namespace lockstep {
 namespace checkpoint {
@@ -170,15 +171,6 @@ TEST(OptimizerStateTest, ParameterGroupsAreNumberedInOrderAndRestoredEach) {
   EXPECT_EQ(restored.param_groups()[1].options().get_lr(), 0.01);
 }
 
-std::string usage_error(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "(no UsageError)";
-}
-
 TEST(OptimizerStateTest, MismatchesAreUsageErrorsThatChangeNothing) {
   Net net;
   torch::optim::SGD sgd(net.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
@@ -187,19 +179,19 @@ TEST(OptimizerStateTest, MismatchesAreUsageErrorsThatChangeNothing) {
 
   torch::optim::Adam adam(net.parameters(), torch::optim::AdamOptions(0.003));
   train(net, adam, 0, 1);
-  std::string message = usage_error([&] { load_optimizer_state_dict(adam, sgd_state); });
+  std::string message = testing::error_of([&] { load_optimizer_state_dict(adam, sgd_state); });
   EXPECT_NE(message.find("param_groups[0] lacks \"betas\""), std::string::npos) << message;
   EXPECT_NE(message.find("same optimizer"), std::string::npos) << message;
   EXPECT_EQ(adam.param_groups()[0].options().get_lr(), 0.003);
   EXPECT_EQ(adam.state().size(), 4u);
 
   torch::optim::SGD fewer(net.fc1->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  message = usage_error([&] { load_optimizer_state_dict(fewer, sgd_state); });
+  message = testing::error_of([&] { load_optimizer_state_dict(fewer, sgd_state); });
   EXPECT_NE(message.find("param_groups[0] has 4 parameters in the checkpoint and 2 in the optimizer"), std::string::npos)
       << message;
 
   torch::optim::RMSprop rmsprop(net.parameters(), torch::optim::RMSpropOptions(0.1));
-  message = usage_error([&] { optimizer_state_dict(rmsprop); });
+  message = testing::error_of([&] { optimizer_state_dict(rmsprop); });
   EXPECT_NE(message.find("RMSprop is not supported"), std::string::npos) << message;
 }
 
@@ -211,7 +203,7 @@ TEST(OptimizerStateTest, MomentumBufferShapeMismatchIsAnError) {
   auto state = dict.at("state").toGenericDict();
   auto first = state.at(int64_t{0}).toGenericDict();
   first.insert_or_assign("momentum_buffer", torch::zeros({2, 2}));
-  const std::string message = usage_error([&] { load_optimizer_state_dict(sgd, dict); });
+  const std::string message = testing::error_of([&] { load_optimizer_state_dict(sgd, dict); });
   EXPECT_NE(message.find("state[0][\"momentum_buffer\"] has shape [2, 2] but its parameter has shape [8, 5]"),
             std::string::npos)
       << message;

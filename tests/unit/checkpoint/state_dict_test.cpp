@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
+#include "../../support/errors.h"
 
 namespace lockstep {
 namespace checkpoint {
@@ -31,15 +32,6 @@ std::vector<std::string> keys(const c10::Dict<std::string, torch::Tensor>& dict)
   std::vector<std::string> out;
   for (const auto& entry : dict) out.push_back(entry.key());
   return out;
-}
-
-std::string usage_error(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "(no UsageError)";
 }
 
 TEST(StateDictTest, KeysAndOrderAreThoseOfPython) {
@@ -78,7 +70,7 @@ TEST(StateDictTest, StrictLoadNamesMissingAndUnexpectedKeys) {
   sd.erase("fc1.bias");
   sd.insert("fc9.weight", torch::zeros({1}));
   const auto before = target.fc1->weight.clone();
-  const std::string message = usage_error([&] { load_state_dict(target, sd); });
+  const std::string message = testing::error_of([&] { load_state_dict(target, sd); });
   EXPECT_NE(message.find("missing keys: fc1.bias"), std::string::npos) << message;
   EXPECT_NE(message.find("unexpected keys: fc9.weight"), std::string::npos) << message;
   EXPECT_NE(message.find("strict=false"), std::string::npos) << message;
@@ -98,7 +90,7 @@ TEST(StateDictTest, NonStrictLoadReportsAndLoadsTheRest) {
 
 TEST(StateDictTest, ShapeMismatchIsAnErrorEvenWhenNotStrict) {
   Net source(/*out=*/2), target(/*out=*/3);
-  const std::string message = usage_error([&] { load_state_dict(target, state_dict(source), /*strict=*/false); });
+  const std::string message = testing::error_of([&] { load_state_dict(target, state_dict(source), /*strict=*/false); });
   EXPECT_NE(message.find("size mismatch for block.2.weight: the checkpoint has [2, 4], the model [3, 4]"),
             std::string::npos)
       << message;
@@ -108,7 +100,7 @@ TEST(StateDictTest, NonTensorValueIsAnError) {
   Net source, target;
   auto sd = c10::impl::toGenericDict(state_dict(source));
   sd.insert_or_assign("scale", 1.5);
-  const std::string message = usage_error([&] { load_state_dict(target, sd); });
+  const std::string message = testing::error_of([&] { load_state_dict(target, sd); });
   EXPECT_NE(message.find("scale holds a float, not a tensor"), std::string::npos) << message;
 }
 

@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include "../../support/temp_dir.h"
+#include "../../support/errors.h"
 
 namespace lockstep {
 namespace data {
@@ -189,17 +190,8 @@ TEST(IdxDatasetTest, TestSplitReadsT10kFilesAndPrefersGzip) {
 
 // --- errors: a UsageError that names the file and the fix ------------------------------------
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "(no UsageError)";
-}
-
 void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  const std::string message = error_of(fn);
+  const std::string message = testing::error_of(fn);
   for (const auto& part : parts) EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' not in: " << message;
 }
 

@@ -21,6 +21,8 @@
 
 #include <lockstep/distributed/collectives.h>
 
+#include "../../support/thread_ranks.h"
+
 namespace lockstep {
 namespace distributed {
 namespace {
@@ -65,22 +67,7 @@ ProcessGroupOptions under_torchrun(int rank, int world_size, int port, int resta
 // Runs `world_size` ranks as threads through ProcessGroup::init; rethrows the first failure.
 void run_ranks(int world_size, const std::function<ProcessGroupOptions(int)>& options_of,
                const std::function<void(ProcessGroup&)>& body) {
-  std::vector<std::thread> threads;
-  std::mutex mutex;
-  std::exception_ptr failure;
-  for (int rank = 0; rank < world_size; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        auto group = ProcessGroup::init(options_of(rank));
-        body(*group);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mutex);
-        if (!failure) failure = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  if (failure) std::rethrow_exception(failure);
+  testing::run_threads(world_size, [&](int rank) { body(*ProcessGroup::init(options_of(rank))); });
 }
 
 // Every rank checks an all_reduce, then leaves `probe/<rank>` = `value` in the group's store.

@@ -8,23 +8,16 @@
 #include <gtest/gtest.h>
 
 #include <lockstep/core/usage_error.h>
+#include "../../support/errors.h"
+#include "../../support/fake_gpus.h"
 
 namespace lockstep {
 namespace {
 
 using V = std::vector<int>;
 
-// Devices in `busy` are taken; every probe is counted.
-struct FakeGpus {
-  std::set<int> busy;
-  int calls = 0;
-  accelerators::DeviceProbe probe() {
-    return [this](int id) {
-      ++calls;
-      return busy.count(id) == 0;
-    };
-  }
-};
+using testing::FakeGpus;
+using testing::error_of;
 
 TrainerOptions cuda(const std::string& devices) {
   return TrainerOptions().accelerator("cuda").devices(devices).process_group_backend("gloo");
@@ -36,22 +29,13 @@ std::map<std::string, std::string> launched_rank() {
           {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}};
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
 TEST(ConnectorGpus, WithoutAutoSelectTheFirstNDevicesAreUsedUnprobed) {
   FakeGpus gpus{{0}};
   const auto plan = resolve_plan(cuda("2"), environments::Environ(), nullptr, 4, gpus.probe());
   EXPECT_EQ(plan.accelerator, "cuda");
   EXPECT_EQ(plan.gpu_ids, (V{0, 1}));
   EXPECT_EQ(plan.devices_per_node, 2);
-  EXPECT_EQ(gpus.calls, 0);
+  EXPECT_EQ(gpus.calls(), 0);
 }
 
 TEST(ConnectorGpus, AutoSelectPicksFreeDevicesForACount) {
@@ -71,7 +55,7 @@ TEST(ConnectorGpus, AutoSelectKeepsNamedIdsAndIgnoresCpu) {
                       nullptr, 4, gpus.probe());
   EXPECT_EQ(plan.accelerator, "cpu");
   EXPECT_TRUE(plan.gpu_ids.empty());
-  EXPECT_EQ(gpus.calls, 0);
+  EXPECT_EQ(gpus.calls(), 0);
 }
 
 TEST(ConnectorGpus, LaunchedRanksUseThePickOfTheProcessThatLaunchedThem) {
@@ -82,7 +66,7 @@ TEST(ConnectorGpus, LaunchedRanksUseThePickOfTheProcessThatLaunchedThem) {
       resolve_plan(cuda("2").auto_select_gpus(true), environments::Environ(vars), nullptr, 4, gpus.probe());
   EXPECT_EQ(plan.gpu_ids, (V{1, 3}));
   EXPECT_EQ(plan.strategy->root_device(), torch::Device(torch::kCUDA, 3)) << "local rank 1 -> second picked id";
-  EXPECT_EQ(gpus.calls, 0) << "no second probe";
+  EXPECT_EQ(gpus.calls(), 0) << "no second probe";
 
   vars[kSelectedGpusVariable] = "1";
   EXPECT_NE(error_of([&] { resolve_plan(cuda("2").auto_select_gpus(true), environments::Environ(vars), nullptr, 4,
@@ -98,7 +82,7 @@ TEST(ConnectorGpus, AutoSelectUnderAnExternalLauncherNeedsNamedIds) {
   });
   EXPECT_NE(message.find("--devices 0,1"), std::string::npos) << message;
   EXPECT_NE(message.find("torchelastic"), std::string::npos) << message;
-  EXPECT_EQ(gpus.calls, 0);
+  EXPECT_EQ(gpus.calls(), 0);
 }
 
 TEST(ConnectorGpus, TooFewFreeDevicesIsAUsageError) {
@@ -108,7 +92,7 @@ TEST(ConnectorGpus, TooFewFreeDevicesIsAUsageError) {
     resolve_plan(cuda("2").auto_select_gpus(true), environments::Environ(), nullptr, 4, gpus.probe());
   });
   EXPECT_NE(message.find("1 of the 4 visible CUDA device(s) is free"), std::string::npos) << message;
-  EXPECT_EQ(gpus.calls, 5 * 4);
+  EXPECT_EQ(gpus.calls(), 5 * 4);
 }
 
 }  // namespace
