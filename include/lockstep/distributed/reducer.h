@@ -96,6 +96,10 @@ class Reducer {
   std::vector<std::vector<size_t>> bucket_indices() const;
   /// The bucket buffers (for tests: with gradient_as_bucket_view, grads are views into them).
   std::vector<at::Tensor> bucket_buffers() const;
+  /// Whether buckets are averaged through shared memory (DDPOptions::shared_memory), and if not,
+  /// why ("" when it was not asked for).
+  bool uses_shared_memory() const { return shared_memory_ != nullptr; }
+  const std::string& why_not_shared_memory() const { return why_not_shared_memory_; }
   /// Parameters found unused by the last prepare_for_backward (find_unused_parameters).
   std::vector<std::string> unused_parameter_names() const;
   const std::vector<std::string>& parameter_names() const { return names_; }
@@ -103,6 +107,7 @@ class Reducer {
  private:
   struct Bucket;
 
+  void connect_shared_memory();
   void build_buckets(const std::vector<std::vector<size_t>>& assignment);
   std::unique_ptr<GradBucket> make_grad_bucket(size_t b, const at::Tensor& buffer) const;
   void finish_step();
@@ -129,6 +134,8 @@ class Reducer {
 
   std::vector<Bucket> buckets_;
   std::vector<std::pair<size_t, size_t>> locator_;  // parameter -> (bucket, slot)
+  std::shared_ptr<SharedMemoryAllreduce> shared_memory_;  // buckets live here when set
+  std::string why_not_shared_memory_;
 
   mutable std::mutex mutex_;
   bool expect_hooks_ = false;

@@ -144,6 +144,8 @@ std::vector<at::Tensor> all_gather(ProcessGroup& group, const at::Tensor& tensor
     rows[r] = headers[0][r][3].item<int64_t>();
   }
   const int64_t longest = *std::max_element(rows.begin(), rows.end());
+  // Gloo divides by the byte count: when every rank's tensor is empty there is nothing to send.
+  if (input.numel() == 0 && longest == 0) return std::vector<at::Tensor>(n, tensor.clone());
   // Equal shapes gather straight from the input; uneven ones are padded to the longest first.
   at::Tensor send = input;
   if (input.size(0) != longest) {

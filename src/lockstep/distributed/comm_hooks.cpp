@@ -101,6 +101,9 @@ CommHook allreduce_mean_hook() {
     at::Tensor buffer = bucket.buffer();
     const int world_size = group.world_size();
     if (world_size == 1) return buffer;
+    if (auto* shared = bucket.shared_memory()) {
+      return BucketFuture(shared->allreduce(bucket.shared_memory_offset(), buffer, world_size));
+    }
     std::vector<at::Tensor> tensors{buffer};
     auto work = group.backend()->allreduce(tensors, sum_options(group));
     return BucketFuture(std::move(work), [buffer, world_size]() mutable { return buffer.div_(world_size); });

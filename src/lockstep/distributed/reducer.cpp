@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <sstream>
 #include <stdexcept>
 #include <unordered_set>
@@ -23,6 +24,21 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 int64_t megabytes_to_bytes(double mb) { return static_cast<int64_t>(mb * 1024.0 * 1024.0); }
+
+// Buckets start on cache lines in the shared memory slot.
+int64_t cache_line_round_up(int64_t bytes) { return (bytes + 63) / 64 * 64; }
+
+// Why these parameters' buckets cannot live in shared memory, or "" if they can.
+std::string shared_memory_unsuitable(const std::vector<at::Tensor>& params, const DDPOptions& options) {
+  if (!options.shared_memory()) return "turned off in DDPOptions";
+  const char* env = std::getenv("LOCKSTEP_DDP_SHARED_MEMORY");
+  if (env && std::string(env) == "0") return "turned off by LOCKSTEP_DDP_SHARED_MEMORY=0";
+  for (const auto& p : params) {
+    if (!p.device().is_cpu()) return "parameters not on the CPU";
+    if (p.scalar_type() != at::kFloat && p.scalar_type() != at::kDouble) return "parameters not float32/float64";
+  }
+  return "";
+}
 
 std::string seconds(std::chrono::milliseconds t) {
   std::ostringstream out;
@@ -62,6 +78,7 @@ struct Reducer::Bucket {
   size_t pending = 0;
   c10::optional<BucketFuture> future;
   std::shared_ptr<std::atomic<int64_t>> reduced_at;  // ns after backward_start; 0: not yet
+  int64_t shared_offset = 0;                         // where buffer lives in shared memory
 };
 
 Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> names, ProcessGroup& group,
@@ -80,6 +97,7 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
   }
   ready_.assign(params_.size(), false);
   local_used_ = torch::zeros({static_cast<int64_t>(params_.size())}, torch::kInt32);
+  connect_shared_memory();
   build_buckets(assign_buckets(params_, reverse_order(params_.size()), megabytes_to_bytes(options_.first_bucket_mb()),
                                megabytes_to_bytes(options_.bucket_cap_mb())));
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -98,16 +116,42 @@ Reducer::~Reducer() {
   for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
 }
 
+void Reducer::connect_shared_memory() {
+  // A collective on every rank (each says whether it can), so that all ranks agree.
+  const std::string unsuitable = shared_memory_unsuitable(params_, options_);
+  if (group_.world_size() < 2) return;
+  int64_t bytes = 64;
+  for (const auto& p : params_) bytes += cache_line_round_up(p.numel() * static_cast<int64_t>(p.element_size()));
+  shared_memory_ = SharedMemoryAllreduce::connect(group_, bytes, unsuitable, &why_not_shared_memory_);
+}
+
 void Reducer::build_buckets(const std::vector<std::vector<size_t>>& assignment) {
   torch::NoGradGuard no_grad;
+  // Gradients that are views of the current buckets; new buckets in shared memory may overlap
+  // the old ones, so they are copied out first.
+  std::vector<at::Tensor> kept(params_.size());
+  if (options_.gradient_as_bucket_view()) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const auto& grad = params_[i].grad();
+      if (grad.defined()) kept[i] = shared_memory_ ? grad.clone() : grad;
+    }
+  }
   std::vector<Bucket> buckets(assignment.size());
   locator_.assign(params_.size(), {0, 0});
+  int64_t shared_offset = 0;
   for (size_t b = 0; b < assignment.size(); ++b) {
     auto& bucket = buckets[b];
     bucket.members = assignment[b];
     int64_t total = 0;
     for (size_t i : bucket.members) total += params_[i].numel();
-    bucket.buffer = torch::zeros({total}, params_[bucket.members.front()].options());
+    const auto options = params_[bucket.members.front()].options();
+    if (shared_memory_) {
+      bucket.shared_offset = shared_offset;
+      bucket.buffer = shared_memory_->region(shared_offset, total, options).zero_();
+      shared_offset += cache_line_round_up(total * static_cast<int64_t>(bucket.buffer.element_size()));
+    } else {
+      bucket.buffer = torch::zeros({total}, options);
+    }
     int64_t offset = 0;
     for (size_t k = 0; k < bucket.members.size(); ++k) {
       const size_t i = bucket.members[k];
@@ -116,10 +160,9 @@ void Reducer::build_buckets(const std::vector<std::vector<size_t>>& assignment) 
       offset += n;
       locator_[i] = {b, k};
       // Rebuilt buckets keep the gradients that views of the old ones held.
-      auto& grad = params_[i].mutable_grad();
-      if (options_.gradient_as_bucket_view() && grad.defined()) {
-        bucket.views.back().copy_(grad);
-        grad = bucket.views.back();
+      if (kept[i].defined()) {
+        bucket.views.back().copy_(kept[i]);
+        params_[i].mutable_grad() = bucket.views.back();
       }
     }
   }
@@ -138,8 +181,10 @@ std::unique_ptr<GradBucket> Reducer::make_grad_bucket(size_t b, const at::Tensor
     views.push_back(alias_slice(buffer, offset, params_[i].sizes()));
     offset += params_[i].numel();
   }
-  return std::make_unique<GradBucket>(b, b + 1 == buckets_.size(), buffer, std::move(params), std::move(names),
-                                      std::move(views));
+  auto grad_bucket = std::make_unique<GradBucket>(b, b + 1 == buckets_.size(), buffer, std::move(params),
+                                                  std::move(names), std::move(views));
+  if (shared_memory_) grad_bucket->set_shared_memory(shared_memory_, bucket.shared_offset);
+  return grad_bucket;
 }
 
 void Reducer::set_contributing_ranks(int ranks) {

@@ -63,6 +63,19 @@ TEST_P(Collectives, AllGatherEqualAndUnevenShapes) {
   });
 }
 
+TEST_P(Collectives, AllGatherOfEmptyTensors) {
+  const int n = GetParam();
+  run_ranks(n, [n](ProcessGroup& g) {
+    // Gloo's own allgather divides by zero here; the collective must not reach it.
+    auto parts = all_gather(g, torch::empty({0, 3}));
+    ASSERT_EQ(static_cast<int>(parts.size()), n);
+    for (const auto& part : parts) EXPECT_EQ(part.sizes(), (std::vector<int64_t>{0, 3}));
+    // Some ranks empty, others not.
+    auto mixed = all_gather(g, torch::full({g.rank() % 2}, static_cast<float>(g.rank())));
+    for (int r = 0; r < n; ++r) EXPECT_EQ(mixed[r].numel(), r % 2) << "part " << r;
+  });
+}
+
 TEST_P(Collectives, AllGatherRejectsMismatchedDims) {
   std::atomic<int> errors{0};
   EXPECT_NO_THROW(run_ranks(GetParam(), [&](ProcessGroup& g) {

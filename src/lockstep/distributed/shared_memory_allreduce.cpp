@@ -1,0 +1,362 @@
+#include <lockstep/distributed/shared_memory_allreduce.h>
+
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include <fcntl.h>
+
+#include <torch/torch.h>
+
+#include <lockstep/distributed/collectives.h>
+
+namespace lockstep {
+namespace distributed {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kMaxRanks = 256;
+constexpr int64_t kPage = 4096;
+
+int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+
+// The segment's first pages: a cross-process barrier and who is attached.
+struct Header {
+  alignas(64) std::atomic<uint32_t> count;       // arrivals at the current barrier
+  alignas(64) std::atomic<uint32_t> generation;  // the futex word: bumped when all arrived
+  alignas(64) std::atomic<uint32_t> aborted_by;  // 0, or 1 + the rank that failed
+  uint64_t token;                                // random: proves a rank mapped the right memory
+  int32_t world_size;
+  int32_t pids[kMaxRanks];
+  std::atomic<uint64_t> arrived[kMaxRanks];  // the last barrier each rank reached
+};
+
+const int64_t kHeaderBytes = round_up(sizeof(Header), kPage);
+
+long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
+  // Not FUTEX_PRIVATE_FLAG: the word is shared between processes.
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
+}
+
+// False once `pid` has exited, zombies included (kill(pid, 0) would still succeed for those).
+bool process_alive(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (stat.empty()) return false;
+  const auto close = stat.rfind(')');  // the command name may hold spaces and parentheses
+  if (close == std::string::npos || close + 2 >= stat.size()) return true;
+  return stat[close + 2] != 'Z' && stat[close + 2] != 'X';
+}
+
+std::string read_link(const std::string& path) {
+  char buffer[256];
+  const ssize_t n = readlink(path.c_str(), buffer, sizeof(buffer) - 1);
+  return n > 0 ? std::string(buffer, static_cast<size_t>(n)) : "";
+}
+
+// Ranks can share a memfd through /proc/<pid>/fd/<fd> only on one kernel and in one pid
+// namespace: the host key holds both.
+std::string host_key() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string boot_id;
+  boot >> boot_id;
+  return std::string(host) + "|" + boot_id + "|" + read_link("/proc/self/ns/pid");
+}
+
+std::string errno_text(const std::string& call) { return call + ": " + std::strerror(errno); }
+
+std::vector<std::string> gather_strings(ProcessGroup& group, const std::string& text, const std::string& tag) {
+  auto bytes = torch::empty({static_cast<int64_t>(text.size())}, torch::kUInt8);
+  if (!text.empty()) std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  std::vector<std::string> out;
+  for (const auto& part : all_gather(group, bytes, CollectiveOptions().tag(tag))) {
+    out.emplace_back(static_cast<const char*>(part.data_ptr()), static_cast<size_t>(part.numel()));
+  }
+  return out;
+}
+
+// "turned off in DDPOptions (ranks 0, 1); rank 1: not on rank 0's host", or "" if none refused.
+std::string describe_refusals(const std::vector<std::string>& reasons) {
+  std::vector<std::pair<std::string, std::vector<int>>> grouped;
+  for (int r = 0; r < static_cast<int>(reasons.size()); ++r) {
+    if (reasons[r].empty()) continue;
+    auto same = std::find_if(grouped.begin(), grouped.end(), [&](const auto& g) { return g.first == reasons[r]; });
+    if (same == grouped.end()) same = grouped.insert(grouped.end(), {reasons[r], {}});
+    same->second.push_back(r);
+  }
+  std::string out;
+  for (const auto& [reason, ranks] : grouped) {
+    std::string list;
+    for (int r : ranks) list += (list.empty() ? "" : ", ") + std::to_string(r);
+    out += (out.empty() ? "" : "; ") + reason + (ranks.size() > 1 ? " (ranks " : " (rank ") + list + ")";
+  }
+  return out;
+}
+
+template <typename T>
+void sum_part(std::vector<T*> slots, int64_t begin, int64_t end, T divisor) {
+  constexpr int64_t kBlock = 2048;
+  alignas(64) T block[kBlock];
+  for (int64_t start = begin; start < end; start += kBlock) {
+    const int64_t n = std::min(kBlock, end - start);
+    const T* first = slots[0] + start;
+    for (int64_t i = 0; i < n; ++i) block[i] = first[i];
+    for (size_t r = 1; r < slots.size(); ++r) {
+      const T* other = slots[r] + start;
+      for (int64_t i = 0; i < n; ++i) block[i] += other[i];
+    }
+    if (divisor != T(1)) {
+      for (int64_t i = 0; i < n; ++i) block[i] /= divisor;
+    }
+    for (T* slot : slots) std::memcpy(slot + start, block, static_cast<size_t>(n) * sizeof(T));
+  }
+}
+
+}  // namespace
+
+struct SharedMemoryAllreduce::Segment {
+  char* base = nullptr;
+  int64_t bytes = 0;
+  int64_t slot_bytes = 0;
+
+  Segment(char* base_, int64_t bytes_, int64_t slot_bytes_) : base(base_), bytes(bytes_), slot_bytes(slot_bytes_) {}
+  ~Segment() { munmap(base, static_cast<size_t>(bytes)); }
+  Header& header() const { return *reinterpret_cast<Header*>(base); }
+  char* slot(int rank) const { return base + kHeaderBytes + slot_bytes * rank; }
+};
+
+std::shared_ptr<SharedMemoryAllreduce> SharedMemoryAllreduce::connect(ProcessGroup& group, int64_t bytes_per_rank,
+                                                                      const std::string& refused,
+                                                                      std::string* why_not) {
+  auto refuse = [&](const std::string& reason) -> std::shared_ptr<SharedMemoryAllreduce> {
+    if (why_not) *why_not = reason;
+    return nullptr;
+  };
+  const int world = group.world_size();
+  if (world < 2) return refuse("a single rank has nothing to share");
+  if (world > kMaxRanks) return refuse("more than " + std::to_string(kMaxRanks) + " ranks");
+  const int64_t slot_bytes = round_up(std::max<int64_t>(bytes_per_rank, 64), kPage);
+  const int64_t total = kHeaderBytes + slot_bytes * world;
+
+  // Rank 0 creates the segment; the others open it through /proc.
+  std::string error = refused;
+  int fd = -1;
+  char* base = nullptr;
+  nlohmann::json offer = {{"host", host_key()}, {"path", ""}, {"token", 0}};
+  if (group.rank() == 0 && error.empty()) {
+    std::random_device random;
+    const uint64_t token = (static_cast<uint64_t>(random()) << 32) ^ random() ^ static_cast<uint64_t>(getpid());
+    fd = static_cast<int>(syscall(SYS_memfd_create, "lockstep-ddp", 0));
+    if (fd < 0) {
+      error = errno_text("memfd_create");
+    } else if (ftruncate(fd, total) != 0) {
+      error = errno_text("ftruncate");
+    } else if (int rc = posix_fallocate(fd, 0, total); rc != 0) {
+      // Shared memory is sparse: without this, too little of it would show up later as SIGBUS.
+      error = std::string("reserving ") + std::to_string(total >> 20) + " MiB of shared memory: " + std::strerror(rc);
+    } else {
+      void* p = mmap(nullptr, static_cast<size_t>(total), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (p == MAP_FAILED) {
+        error = errno_text("mmap");
+      } else {
+        base = static_cast<char*>(p);
+        auto* header = new (base) Header();
+        header->token = token;
+        header->world_size = world;
+        offer["path"] = "/proc/" + std::to_string(getpid()) + "/fd/" + std::to_string(fd);
+        offer["token"] = token;
+      }
+    }
+  }
+  offer = broadcast_json(group, offer, 0, CollectiveOptions().tag("DDP shared memory offer"));
+  if (group.rank() != 0 && error.empty()) {
+    const std::string path = offer["path"];
+    if (offer["host"] != host_key()) {
+      error = "not on rank 0's host";
+    } else if (!path.empty()) {
+      fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+      if (fd < 0) {
+        error = errno_text("open " + path);
+      } else {
+        void* p = mmap(nullptr, static_cast<size_t>(total), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED) {
+          error = errno_text("mmap");
+        } else {
+          base = static_cast<char*>(p);
+          if (reinterpret_cast<Header*>(base)->token != offer["token"].get<uint64_t>()) error = "not rank 0's segment";
+        }
+      }
+    }
+  }
+  // Everyone has opened it (or failed): the file descriptors are no longer needed.
+  const auto errors = gather_strings(group, error, "DDP shared memory answers");
+  if (fd >= 0) close(fd);
+  std::string reason = describe_refusals(errors);
+  if (!reason.empty() || offer["path"] == "") {
+    if (base) munmap(base, static_cast<size_t>(total));
+    return refuse(reason);
+  }
+  auto segment = std::make_shared<Segment>(base, total, slot_bytes);
+  segment->header().pids[group.rank()] = getpid();
+  distributed::barrier(group, "DDP shared memory attached");
+  return std::shared_ptr<SharedMemoryAllreduce>(
+      new SharedMemoryAllreduce(std::move(segment), group.rank(), world, group.describe(), group.timeout()));
+}
+
+SharedMemoryAllreduce::SharedMemoryAllreduce(std::shared_ptr<Segment> segment, int rank, int world_size,
+                                             std::string who, std::chrono::milliseconds timeout)
+    : segment_(std::move(segment)), rank_(rank), world_size_(world_size), who_(std::move(who)), timeout_(timeout) {
+  thread_ = std::thread([this] { run(); });
+}
+
+SharedMemoryAllreduce::~SharedMemoryAllreduce() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+int64_t SharedMemoryAllreduce::bytes_per_rank() const { return segment_->slot_bytes; }
+
+at::Tensor SharedMemoryAllreduce::region(int64_t offset, int64_t numel, const at::TensorOptions& options) {
+  const int64_t bytes = numel * static_cast<int64_t>(options.dtype().itemsize());
+  if (offset % 64 != 0 || offset < 0 || offset + bytes > segment_->slot_bytes) {
+    throw std::invalid_argument("SharedMemoryAllreduce::region: bytes [" + std::to_string(offset) + ", " +
+                                std::to_string(offset + bytes) + ") are not a 64-byte aligned part of the " +
+                                std::to_string(segment_->slot_bytes) + "-byte slot.");
+  }
+  auto keep = segment_;
+  return torch::from_blob(segment_->slot(rank_) + offset, {numel}, [keep](void*) {}, options);
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> SharedMemoryAllreduce::allreduce(int64_t offset, at::Tensor tensor,
+                                                                         double divisor) {
+  const auto dtype = tensor.scalar_type();
+  if ((dtype != at::kFloat && dtype != at::kDouble) || !tensor.is_contiguous() || !tensor.device().is_cpu()) {
+    throw std::invalid_argument("SharedMemoryAllreduce: only contiguous float32 and float64 CPU tensors; got " +
+                                tensor.toString() + ".");
+  }
+  region(offset, tensor.numel(), tensor.options());  // checks the bounds
+  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    jobs_.push_back(Job{offset, std::move(tensor), divisor, future});
+  }
+  wake_.notify_one();
+  return future;
+}
+
+void SharedMemoryAllreduce::run() {
+  std::string broken;  // after a failure the ranks are out of step: every later call fails too
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    try {
+      if (!broken.empty()) throw DistributedError(broken);
+      reduce(job);
+      job.future->markCompleted(c10::IValue(job.tensor));
+    } catch (const std::exception& e) {
+      if (broken.empty()) broken = e.what();
+      job.future->setError(std::make_exception_ptr(DistributedError(e.what())));
+    }
+  }
+}
+
+void SharedMemoryAllreduce::reduce(const Job& job) {
+  char* mine = segment_->slot(rank_) + job.offset;
+  const bool in_place = job.tensor.data_ptr() == mine;
+  const size_t bytes = static_cast<size_t>(job.tensor.numel()) * job.tensor.element_size();
+  if (!in_place) std::memcpy(mine, job.tensor.data_ptr(), bytes);
+  barrier("gradients written");
+  // Rank r reduces part r; parts start on 64-byte boundaries so no two ranks share a cache line.
+  const int64_t count = job.tensor.numel();
+  const int64_t align = 64 / static_cast<int64_t>(job.tensor.element_size());
+  const int64_t per = round_up((count + world_size_ - 1) / world_size_, align);
+  const int64_t begin = std::min(count, per * rank_);
+  const int64_t end = std::min(count, begin + per);
+  if (job.tensor.scalar_type() == at::kFloat) {
+    std::vector<float*> slots;
+    for (int r = 0; r < world_size_; ++r) slots.push_back(reinterpret_cast<float*>(segment_->slot(r) + job.offset));
+    sum_part<float>(slots, begin, end, static_cast<float>(job.divisor));
+  } else {
+    std::vector<double*> slots;
+    for (int r = 0; r < world_size_; ++r) slots.push_back(reinterpret_cast<double*>(segment_->slot(r) + job.offset));
+    sum_part<double>(slots, begin, end, job.divisor);
+  }
+  barrier("sums written");
+  // No third barrier: a rank writes its slot again only after the next call's first barrier.
+  if (!in_place) std::memcpy(job.tensor.data_ptr(), mine, bytes);
+}
+
+void SharedMemoryAllreduce::barrier(const char* phase) {
+  Header& h = segment_->header();
+  const uint64_t epoch = ++epoch_;
+  auto fail = [&](const std::string& what) {
+    uint32_t none = 0;
+    h.aborted_by.compare_exchange_strong(none, static_cast<uint32_t>(rank_ + 1));
+    throw DistributedError(who_ + ": shared-memory allreduce of a DDP bucket (" + phase + ", barrier " +
+                           std::to_string(epoch) + "): " + what);
+  };
+  if (const uint32_t by = h.aborted_by.load(std::memory_order_acquire)) {
+    fail("rank " + std::to_string(by - 1) + " failed earlier; see its output");
+  }
+  h.arrived[rank_].store(epoch, std::memory_order_relaxed);
+  const uint32_t generation = h.generation.load(std::memory_order_acquire);
+  if (h.count.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(world_size_)) {
+    h.count.store(0, std::memory_order_relaxed);
+    h.generation.store(generation + 1, std::memory_order_release);
+    futex(&h.generation, FUTEX_WAKE, INT_MAX, nullptr);
+    return;
+  }
+  const auto deadline = Clock::now() + timeout_;
+  while (h.generation.load(std::memory_order_acquire) == generation) {
+    // Sleep in slices, never spin: on a busy host spinning takes the CPU from backward.
+    timespec slice{0, 20 * 1000 * 1000};
+    const long rc = futex(&h.generation, FUTEX_WAIT, generation, &slice);
+    if (rc == 0 || errno == EAGAIN || errno == EINTR) continue;
+    if (const uint32_t by = h.aborted_by.load(std::memory_order_acquire)) {
+      fail("rank " + std::to_string(by - 1) + " failed; see its output");
+    }
+    std::string missing, exited;
+    for (int r = 0; r < world_size_; ++r) {
+      if (h.arrived[r].load(std::memory_order_relaxed) >= epoch) continue;
+      missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      if (!process_alive(h.pids[r])) exited += (exited.empty() ? "" : ", ") + std::to_string(r);
+    }
+    if (h.generation.load(std::memory_order_acquire) != generation) return;
+    if (!exited.empty()) fail("rank(s) " + exited + " exited; waiting for rank(s) " + missing);
+    if (stopping_.load()) fail("stopped while waiting for rank(s) " + missing);
+    if (Clock::now() > deadline) {
+      std::ostringstream seconds;
+      seconds << static_cast<double>(timeout_.count()) / 1000.0;
+      fail("timed out after " + seconds.str() + " s waiting for rank(s) " + missing +
+           ". Every rank must run the same synchronised backward passes; check those ranks' output.");
+    }
+  }
+}
+
+}  // namespace distributed
+}  // namespace lockstep

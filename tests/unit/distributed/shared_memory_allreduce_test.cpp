@@ -1,0 +1,190 @@
+#include <lockstep/distributed/shared_memory_allreduce.h>
+
+#include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <lockstep/distributed/collectives.h>
+#include <lockstep/distributed/ddp.h>
+
+#include "../../support/command.h"
+#include "../../support/errors.h"
+#include "../../support/parity.h"
+#include "../../support/thread_ranks.h"
+
+namespace lockstep {
+namespace distributed {
+namespace {
+
+using lockstep::testing::run_ranks;
+
+std::chrono::milliseconds forever() { return std::chrono::seconds(20); }
+
+at::Tensor reduced(const c10::intrusive_ptr<c10::ivalue::Future>& future) {
+  future->wait();
+  if (future->hasError()) throw DistributedError(future->tryRetrieveErrorMessage());
+  return future->value().toTensor();
+}
+
+// This rank's values: different on every rank, and not exactly representable sums.
+at::Tensor values_of(int rank, int64_t n, at::ScalarType dtype) {
+  auto generator = at::detail::createCPUGenerator(1000 + rank);
+  return at::randn({n}, generator, torch::TensorOptions().dtype(dtype));
+}
+
+class SharedMemorySum : public ::testing::TestWithParam<int> {};
+
+// The mean equals the sum in rank order divided by the world size, to the bit, in place and
+// through a copy, for sizes that do not split evenly into the ranks' parts; on 2 ranks it is
+// also Gloo's result to the bit.
+TEST_P(SharedMemorySum, IsTheRankOrderSumOnEveryRank) {
+  const int world = GetParam();
+  run_ranks(world, [world](ProcessGroup& g) {
+    std::string why;
+    auto shared = SharedMemoryAllreduce::connect(g, 4 << 20, "", &why);
+    ASSERT_TRUE(shared) << why;
+    int64_t offset = 0;
+    for (auto dtype : {at::kFloat, at::kDouble}) {
+      for (int64_t n : {1, 17, 1000, 100003}) {
+        const auto mine = values_of(g.rank(), n, dtype);
+        auto expected = torch::zeros({n}, mine.options());
+        for (int r = 0; r < world; ++r) expected.add_(values_of(r, n, dtype));
+        expected.div_(world);
+        auto region = shared->region(offset, n, mine.options());
+        region.copy_(mine);
+        auto in_place = reduced(shared->allreduce(offset, region, world));
+        EXPECT_EQ(in_place.data_ptr(), region.data_ptr());
+        EXPECT_TRUE(in_place.equal(expected)) << "rank " << g.rank() << " n " << n;
+        auto copy = mine.clone();
+        EXPECT_TRUE(reduced(shared->allreduce(offset, copy, world)).equal(expected)) << "copied, n " << n;
+        if (world == 2) {
+          auto gloo = all_reduce(g, mine.clone(), ReduceOp::sum).div_(world);
+          EXPECT_TRUE(gloo.equal(in_place)) << "Gloo's sum differs, n " << n;
+        }
+        offset += (n * mine.element_size() + 63) / 64 * 64;
+      }
+    }
+  }, forever());
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, SharedMemorySum, ::testing::Values(2, 3, 4));
+
+TEST(SharedMemoryAllreduce, ARankThatNeverArrivesIsATimeoutNamingIt) {
+  std::string message;
+  run_ranks(2, [&](ProcessGroup& g) {
+    auto shared = SharedMemoryAllreduce::connect(g, 4096);
+    ASSERT_TRUE(shared);
+    if (g.rank() == 1) return;  // never reduces
+    message = lockstep::testing::error_of<DistributedError>([&] { reduced(shared->allreduce(0, torch::ones({8}), 2)); });
+    // The transport is broken from now on: later calls fail at once with the same story.
+    EXPECT_NE(lockstep::testing::error_of<DistributedError>([&] { reduced(shared->allreduce(0, torch::ones({8}), 2)); })
+                  .find("waiting for rank(s) 1"),
+              std::string::npos);
+  }, std::chrono::milliseconds(400));
+  EXPECT_NE(message.find("rank 0/2"), std::string::npos) << message;
+  EXPECT_NE(message.find("timed out after 0.4 s waiting for rank(s) 1"), std::string::npos) << message;
+}
+
+TEST(SharedMemoryAllreduce, AnyRankRefusingMeansNoRankUsesIt) {
+  run_ranks(3, [](ProcessGroup& g) {
+    std::string why;
+    auto shared = SharedMemoryAllreduce::connect(g, 4096, g.rank() == 2 ? "parameters not on the CPU" : "", &why);
+    EXPECT_FALSE(shared) << "rank " << g.rank();
+    EXPECT_EQ(why, "parameters not on the CPU (rank 2)");
+  }, forever());
+  run_ranks(2, [](ProcessGroup& g) {
+    std::string why;
+    EXPECT_FALSE(SharedMemoryAllreduce::connect(g, 4096, "turned off", &why));
+    EXPECT_EQ(why, "turned off (ranks 0, 1)");
+  }, forever());
+}
+
+TEST(SharedMemoryAllreduce, BadRegionsAndTensorsAreRejected) {
+  run_ranks(2, [](ProcessGroup& g) {
+    auto shared = SharedMemoryAllreduce::connect(g, 4096);
+    ASSERT_TRUE(shared);
+    EXPECT_NE(lockstep::testing::error_of<std::invalid_argument>([&] { shared->region(32, 4, torch::kFloat); })
+                  .find("not a 64-byte aligned part"),
+              std::string::npos);
+    EXPECT_NE(lockstep::testing::error_of<std::invalid_argument>([&] { shared->region(0, 2048, torch::kFloat); })
+                  .find("4096-byte slot"),
+              std::string::npos);
+    EXPECT_NE(lockstep::testing::error_of<std::invalid_argument>([&] { shared->allreduce(0, torch::ones({4}, torch::kInt32), 2); })
+                  .find("only contiguous float32 and float64"),
+              std::string::npos);
+  }, forever());
+}
+
+// A peer process that exits is noticed within a fraction of a second, long before the timeout.
+TEST(SharedMemoryAllreduce, APeerThatExitedIsNamedBeforeTheTimeout) {
+  const auto listing = [] {
+    std::set<std::string> names;
+    for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) names.insert(entry.path().string());
+    return names;
+  };
+  const auto before = listing();
+  const auto result = lockstep::testing::run_command(
+      {std::string(LOCKSTEP_BIN_DIR) + "/../tests/shared_memory_peer_exit"}, {}, std::chrono::seconds(60));
+  EXPECT_EQ(listing(), before) << "the segment must not leave files in /dev/shm";
+  EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
+  EXPECT_NE(result.out.find("rank 0/2: shared-memory allreduce of a DDP bucket"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("rank(s) 1 exited"), std::string::npos) << result.out;
+  EXPECT_EQ(result.out.find("timed out"), std::string::npos) << result.out;
+}
+
+// ---- DDP over shared memory -------------------------------------------------------------------
+
+// Trains 2 ranks for a few steps and returns rank 0's parameters.
+std::vector<at::Tensor> train_two_ranks(bool shared_memory, bool view, std::string* transport) {
+  using lockstep::testing::ParityMlp;
+  torch::manual_seed(3);
+  ParityMlp init;
+  const auto initial = lockstep::testing::clone_all(init->parameters());
+  const lockstep::testing::ParityData data(6, 2 * 4);
+  std::vector<at::Tensor> out;
+  run_ranks(2, [&](ProcessGroup& g) {
+    ParityMlp model;
+    lockstep::testing::copy_into(model->parameters(), initial);
+    DistributedDataParallel ddp(model, g, DDPOptions().shared_memory(shared_memory).gradient_as_bucket_view(view)
+                                              .bucket_cap_mb(0.0005).first_bucket_mb(0.0002));
+    torch::optim::Adam opt(ddp.parameters(), 1e-2);
+    for (int s = 0; s < 6; ++s) {  // step 2 rebuilds the buckets in arrival order
+      opt.zero_grad();
+      torch::mse_loss(ddp.forward(data.input(s, g.rank(), 4)), data.target(s, g.rank(), 4)).backward();
+      opt.step();
+    }
+    if (g.rank() == 0) {
+      out = lockstep::testing::clone_all(model->parameters());
+      *transport = ddp.reducer().uses_shared_memory() ? "shared memory" : ddp.reducer().why_not_shared_memory();
+    }
+  }, forever());
+  return out;
+}
+
+TEST(DDPSharedMemory, TrainsToTheSameBitsAsGloo) {
+  for (bool view : {false, true}) {
+    std::string shm_transport, gloo_transport;
+    const auto shm = train_two_ranks(true, view, &shm_transport);
+    const auto gloo = train_two_ranks(false, view, &gloo_transport);
+    EXPECT_EQ(shm_transport, "shared memory");
+    EXPECT_EQ(gloo_transport, "turned off in DDPOptions (ranks 0, 1)");
+    ASSERT_EQ(shm.size(), gloo.size());
+    for (size_t i = 0; i < shm.size(); ++i) EXPECT_TRUE(shm[i].equal(gloo[i])) << "parameter " << i << " view " << view;
+  }
+}
+
+TEST(DDPSharedMemory, TheEnvironmentVariableTurnsItOff) {
+  setenv("LOCKSTEP_DDP_SHARED_MEMORY", "0", 1);
+  std::string transport;
+  train_two_ranks(true, false, &transport);
+  unsetenv("LOCKSTEP_DDP_SHARED_MEMORY");
+  EXPECT_EQ(transport, "turned off by LOCKSTEP_DDP_SHARED_MEMORY=0 (ranks 0, 1)");
+}
+
+}  // namespace
+}  // namespace distributed
+}  // namespace lockstep
