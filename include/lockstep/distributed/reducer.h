@@ -33,6 +33,18 @@ namespace distributed {
 /// accumulators included (how find_unused_parameters tells used from unused parameters).
 std::unordered_set<const torch::autograd::Node*> autograd_nodes_reached_by(const std::vector<at::Tensor>& outputs);
 
+/// What backward throws when find_unused_parameters is off and some parameters received no
+/// gradient (PyTorch's "Expected to have finished reduction ..." error), with their names.
+class UnusedParametersError : public DistributedError {
+ public:
+  UnusedParametersError(const std::string& message, std::vector<std::string> parameter_names)
+      : DistributedError(message), parameter_names_(std::move(parameter_names)) {}
+  const std::vector<std::string>& parameter_names() const { return parameter_names_; }
+
+ private:
+  std::vector<std::string> parameter_names_;
+};
+
 /// When one bucket's gradients were ready, its reduction launched and finished, measured from
 /// the first gradient of the backward pass.
 struct BucketTrace {

@@ -403,11 +403,12 @@ void Reducer::finalize_backward() {
     for (size_t i = 0; i < params_.size(); ++i) {
       if (!ready_[i]) missing.push_back(names_[i]);
     }
-    fail(group_.describe() + ": expected to have finished reduction in this backward pass, but parameters were "
-         "not used in producing loss: " + join(missing, 20) +
-         ". Use DDPOptions().find_unused_parameters(true) (with the Trainer: --strategy "
-         "ddp_find_unused_parameters_true) if the forward skips them on purpose, or make sure "
-         "all outputs of forward take part in calculating the loss.");
+    failure_ = group_.describe() + ": expected to have finished reduction in this backward pass, but parameters "
+               "were not used in producing loss: " + join(missing, 20) +
+               ". Use DDPOptions().find_unused_parameters(true) (with the Trainer: --strategy "
+               "ddp_find_unused_parameters_true) if the forward skips them on purpose, or make sure "
+               "all outputs of forward take part in calculating the loss.";
+    throw UnusedParametersError(failure_, std::move(missing));
   }
   for (size_t b = 0; b < buckets_.size(); ++b) {
     auto& bucket = buckets_[b];

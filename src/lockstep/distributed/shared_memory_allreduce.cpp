@@ -80,6 +80,13 @@ std::string host_key() {
 
 std::string errno_text(const std::string& call) { return call + ": " + std::strerror(errno); }
 
+char* map_shared(int fd, int64_t bytes, std::string* error) {
+  void* p = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p != MAP_FAILED) return static_cast<char*>(p);
+  *error = errno_text("mmap");
+  return nullptr;
+}
+
 std::vector<std::string> gather_strings(ProcessGroup& group, const std::string& text, const std::string& tag) {
   auto bytes = torch::empty({static_cast<int64_t>(text.size())}, torch::kUInt8);
   if (!text.empty()) std::memcpy(bytes.data_ptr(), text.data(), text.size());
@@ -161,7 +168,7 @@ std::shared_ptr<SharedMemoryAllreduce> SharedMemoryAllreduce::connect(ProcessGro
   if (group.rank() == 0 && error.empty()) {
     std::random_device random;
     const uint64_t token = (static_cast<uint64_t>(random()) << 32) ^ random() ^ static_cast<uint64_t>(getpid());
-    fd = static_cast<int>(syscall(SYS_memfd_create, "lockstep-ddp", 0));
+    fd = static_cast<int>(syscall(SYS_memfd_create, "lockstep-ddp", 1u /* MFD_CLOEXEC */));
     if (fd < 0) {
       error = errno_text("memfd_create");
     } else if (ftruncate(fd, total) != 0) {
@@ -169,45 +176,31 @@ std::shared_ptr<SharedMemoryAllreduce> SharedMemoryAllreduce::connect(ProcessGro
     } else if (int rc = posix_fallocate(fd, 0, total); rc != 0) {
       // Shared memory is sparse: without this, too little of it would show up later as SIGBUS.
       error = std::string("reserving ") + std::to_string(total >> 20) + " MiB of shared memory: " + std::strerror(rc);
-    } else {
-      void* p = mmap(nullptr, static_cast<size_t>(total), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      if (p == MAP_FAILED) {
-        error = errno_text("mmap");
-      } else {
-        base = static_cast<char*>(p);
-        auto* header = new (base) Header();
-        header->token = token;
-        header->world_size = world;
-        offer["path"] = "/proc/" + std::to_string(getpid()) + "/fd/" + std::to_string(fd);
-        offer["token"] = token;
-      }
+    } else if ((base = map_shared(fd, total, &error))) {
+      auto* header = new (base) Header();
+      header->token = token;
+      header->world_size = world;
+      offer["path"] = "/proc/" + std::to_string(getpid()) + "/fd/" + std::to_string(fd);
+      offer["token"] = token;
     }
   }
   offer = broadcast_json(group, offer, 0, CollectiveOptions().tag("DDP shared memory offer"));
-  if (group.rank() != 0 && error.empty()) {
-    const std::string path = offer["path"];
+  const std::string path = offer["path"];
+  if (group.rank() != 0 && error.empty() && !path.empty()) {
     if (offer["host"] != host_key()) {
       error = "not on rank 0's host";
-    } else if (!path.empty()) {
-      fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-      if (fd < 0) {
-        error = errno_text("open " + path);
-      } else {
-        void* p = mmap(nullptr, static_cast<size_t>(total), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (p == MAP_FAILED) {
-          error = errno_text("mmap");
-        } else {
-          base = static_cast<char*>(p);
-          if (reinterpret_cast<Header*>(base)->token != offer["token"].get<uint64_t>()) error = "not rank 0's segment";
-        }
-      }
+    } else if ((fd = open(path.c_str(), O_RDWR | O_CLOEXEC)) < 0) {
+      error = errno_text("open " + path);
+    } else if ((base = map_shared(fd, total, &error)) &&
+               reinterpret_cast<Header*>(base)->token != offer["token"].get<uint64_t>()) {
+      error = "not rank 0's segment";
     }
   }
   // Everyone has opened it (or failed): the file descriptors are no longer needed.
   const auto errors = gather_strings(group, error, "DDP shared memory answers");
   if (fd >= 0) close(fd);
-  std::string reason = describe_refusals(errors);
-  if (!reason.empty() || offer["path"] == "") {
+  const std::string reason = describe_refusals(errors);
+  if (!reason.empty() || path.empty()) {
     if (base) munmap(base, static_cast<size_t>(total));
     return refuse(reason);
   }

@@ -102,13 +102,13 @@ void DDPStrategy::manual_backward(const torch::Tensor& loss) {
   ddp_->finish_forward(loss);
   try {
     loss.backward();
-  } catch (const distributed::DistributedError& e) {
-    const std::string message = e.what();
-    if (message.find("were not used in producing loss") == std::string::npos) throw;
+  } catch (const distributed::UnusedParametersError& e) {
     // The usual cause here: parts of the model trained in alternation (a GAN).
-    throw distributed::DistributedError(message + " If parts of the model are updated in alternation (a GAN's "
-                                        "generator and discriminator), use --strategy ddp_separate: one "
-                                        "DistributedDataParallel per child module.");
+    throw distributed::UnusedParametersError(
+        std::string(e.what()) + " If parts of the model are updated in alternation (a GAN's generator and "
+                                "discriminator), use --strategy ddp_separate: one DistributedDataParallel per "
+                                "child module.",
+        e.parameter_names());
   }
 }
 

@@ -363,7 +363,8 @@ TEST_P(DDPUnusedError, WithoutFindUnusedASkippedBranchIsAClearError) {
     try {
       ddp.forward(x, false).sum().backward();
       ADD_FAILURE() << "rank " << g.rank() << ": backward did not fail";
-    } catch (const DistributedError& e) {
+    } catch (const UnusedParametersError& e) {
+      EXPECT_EQ(e.parameter_names(), (std::vector<std::string>{"fc3.weight", "fc3.bias"}));
       std::lock_guard<std::mutex> lock(mutex);
       backward_errors.push_back(e.what());
     }
