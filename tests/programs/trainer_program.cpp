@@ -1,11 +1,13 @@
 // A Trainer run driven by the Trainer flags, for the multi-process Trainer tests and the
 // bad-input table: trains tests/support/regression.h's model and writes each rank's parameters.
-//   trainer_program [trainer flags] --out DIR [--batch-size B] [--adam] [--save PATH] [--val]
-// With --val it also validates (32 examples) and writes each rank's validation count.
+//   trainer_program [trainer flags] --out DIR [--batch-size B] [--adam] [--save PATH] [--val] [--csv-logger]
+// With --val it also validates (32 examples) and writes each rank's validation count. With
+// --csv-logger every rank adds its own CSVLogger under --default-root-dir, as a user might.
 #include <fstream>
 
 #include <lockstep/cli/guarded_main.h>
 #include <lockstep/cli/trainer_flags.h>
+#include <lockstep/loggers/csv_logger.h>
 #include <lockstep/trainer/trainer.h>
 
 #include "../support/regression.h"
@@ -30,12 +32,13 @@ int main(int argc, char** argv) {
     lockstep::cli::add_trainer_flags(app, options);
     std::string out, save;
     int64_t batch_size = 8;
-    bool adam = false, validate = false;
+    bool adam = false, validate = false, csv_logger = false;
     app.add_option("--out", out)->required();
     app.add_option("--batch-size", batch_size);
     app.add_option("--save", save);
     app.add_flag("--adam", adam);
     app.add_flag("--val", validate);
+    app.add_flag("--csv-logger", csv_logger);
     const int parsed = lockstep::cli::parse_or_exit_code(app, argc, argv);
     if (parsed >= 0) return parsed;
     torch::set_num_threads(1);
@@ -43,6 +46,10 @@ int main(int argc, char** argv) {
     auto model = std::make_shared<lockstep::testing::Regressor>(adam);
     auto data = lockstep::testing::regression_data(64);
     lockstep::Trainer trainer(options.enable_progress_bar(false).num_sanity_val_steps(0));
+    if (csv_logger) {
+      trainer.add_logger(std::make_shared<lockstep::loggers::CSVLogger>(
+          lockstep::loggers::LoggerOptions(options.default_root_dir())));
+    }
     auto validations = std::make_shared<CountValidations>();
     std::shared_ptr<lockstep::DataLoader> val;
     if (validate) {

@@ -241,8 +241,10 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
     if (!loggers_set_by_user_ && plan_.strategy->is_global_zero()) {
       loggers_.push_back(std::make_shared<loggers::CSVLogger>(loggers::LoggerOptions(options_.default_root_dir())));
     }
-    // Every rank needs the run directory (checkpoints), which rank 0's logger chose.
-    const std::string mine = loggers_.empty() ? options_.default_root_dir() : loggers_.front()->log_dir();
+    // Every rank needs the run directory (checkpoints), which rank 0's logger chose. Only rank 0
+    // asks its logger: asking claims a new version_N directory.
+    const bool ask_logger = !loggers_.empty() && plan_.strategy->is_global_zero();
+    const std::string mine = ask_logger ? loggers_.front()->log_dir() : options_.default_root_dir();
     log_dir_ = plan_.strategy->broadcast(c10::IValue(mine), 0).toStringRef();
     set_up_ = true;
   }

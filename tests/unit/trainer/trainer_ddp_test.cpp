@@ -66,6 +66,19 @@ TEST_F(TrainerDDP, TwoRanksEqualOneProcessOnTheFullBatch) {
   }
 }
 
+// Loggers belong to rank 0: one a user adds on every rank must not make the other ranks claim
+// run directories of their own (an empty version_1 beside rank 0's version_0).
+TEST_F(TrainerDDP, LoggersOnEveryRankWriteOneRunDirectory) {
+  const auto ranks = run("logged", {"--devices", "2", "--strategy", "ddp", "--max-epochs", "1", "--csv-logger"});
+  ASSERT_EQ(ranks.size(), 2u);
+  std::vector<std::string> versions;
+  for (const auto& entry : std::filesystem::directory_iterator(dir / "runs" / "lockstep_logs")) {
+    versions.push_back(entry.path().filename().string());
+  }
+  ASSERT_EQ(versions, std::vector<std::string>{"version_0"});
+  EXPECT_TRUE(std::filesystem::exists(dir / "runs" / "lockstep_logs" / "version_0" / "metrics.csv"));
+}
+
 TEST_F(TrainerDDP, ResumeOnTwoRanksIsExact) {
   const std::string ckpt = (dir / "half.ckpt").string();
   const std::vector<std::string> common{"--devices", "2", "--strategy", "ddp", "--adam"};
