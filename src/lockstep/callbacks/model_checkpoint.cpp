@@ -171,8 +171,22 @@ void ModelCheckpoint::on_fit_start(Trainer& trainer, TrainingModule& module) {
 
 void ModelCheckpoint::on_fit_end(Trainer& trainer, TrainingModule& module) { fitting_ = false; }
 
+namespace {
+
+// Validation runs within the epoch (val_check_interval below one epoch): then, as in Lightning,
+// the checkpoint is taken after each validation rather than at the epoch's end, so that every
+// validation's score competes.
+bool validates_within_the_epoch(const Trainer& trainer) {
+  return trainer.val_check_batch() < trainer.num_training_batches();
+}
+
+}  // namespace
+
 void ModelCheckpoint::on_validation_end(Trainer& trainer, TrainingModule& module) {
   if (fitting_ && !trainer.sanity_checking()) validation_ran_ = true;
+  if (!validates_within_the_epoch(trainer) || skip_saving(trainer)) return;
+  if (every_n_epochs_ >= 1 && (trainer.current_epoch() + 1) % every_n_epochs_ == 0) save_topk(trainer, false);
+  save_last(trainer);
 }
 
 bool ModelCheckpoint::skip_saving(Trainer& trainer) const {

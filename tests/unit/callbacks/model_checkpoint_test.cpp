@@ -195,6 +195,27 @@ TEST_F(ModelCheckpointTest, EveryNTrainStepsSavesMidEpoch) {
   EXPECT_EQ(checkpoint::CheckpointIO().load(in_dir("epoch=1-step=3.ckpt")).at("global_step").toInt(), 3);
 }
 
+/// Logs `val_score` = values[global_step - 1]: one score per validation when validating after
+/// every training batch.
+struct ScorePerStep : testing::Regressor {
+  explicit ScorePerStep(std::vector<double> values) : values(std::move(values)) {}
+  void validation_step(Batch& batch, int64_t) override { log("val_score", values.at(global_step() - 1)); }
+  std::vector<double> values;
+};
+
+// Validation within the epoch (val_check_interval below 1): as in Lightning, every validation
+// saves, so the best score of the epoch is kept even when the epoch's last one is worse.
+TEST_F(ModelCheckpointTest, ValidationWithinTheEpochSavesAfterEachValidation) {
+  auto checkpoint = std::make_shared<ModelCheckpoint>(
+      ModelCheckpointOptions().dirpath((root / "ckpts").string()).monitor("val_score").save_top_k(2));
+  Trainer trainer(options(2).val_check_interval("1"));  // 2 batches an epoch: validates after each
+  trainer.add_callback(checkpoint);
+  fit(trainer, std::make_shared<ScorePerStep>(std::vector<double>{0.5, 0.9, 0.2, 0.8}));
+  EXPECT_EQ(files(root / "ckpts"), (std::set<std::string>{"epoch=0-step=1.ckpt", "epoch=1-step=3.ckpt"}));
+  EXPECT_EQ(checkpoint->best_model_path(), in_dir("epoch=1-step=3.ckpt"));
+  EXPECT_EQ(checkpoint::CheckpointIO().load(in_dir("epoch=0-step=1.ckpt")).at("global_step").toInt(), 1);
+}
+
 TEST_F(ModelCheckpointTest, ResumeRestoresTheTopKAndContinuesIt) {
   const std::vector<double> scores{0.5, 0.3, 0.4, 0.2, 0.6};
   auto make = [&] {
