@@ -132,6 +132,9 @@ int run(int argc, char** argv) {
   auto rss = torch::zeros({group->world_size()}, torch::kFloat64);
   rss[group->rank()] = static_cast<double>(usage.ru_maxrss) / 1024.0;
   rss = distributed::all_reduce(*group, rss, distributed::ReduceOp::sum);
+  const std::string transport = group->world_size() == 1             ? "none (one rank)"
+                                : ddp.reducer().uses_shared_memory() ? "shared memory"
+                                                                     : "gloo: " + ddp.reducer().why_not_shared_memory();
   if (group->rank() == 0) {
     std::cout << nlohmann::json{{"impl", "lockstep"},
                                 {"model", model},
@@ -141,6 +144,7 @@ int run(int argc, char** argv) {
                                 {"steps_per_s", steps / seconds},
                                 {"loss", loss.item<double>()},
                                 {"first_step_unix", first_step_unix},
+                                {"gradient_transport", transport},
                                 {"peak_rss_mb", std::vector<double>(rss.data_ptr<double>(),
                                                                     rss.data_ptr<double>() + rss.numel())}}
                      .dump()

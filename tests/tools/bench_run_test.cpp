@@ -58,6 +58,11 @@ TEST(BenchRun, QuickRunWritesEverySection) {
   for (const auto& e : j["ddp"]) {
     models.insert(e["model"].get<std::string>());
     expect_ddp_entry(e, 2);
+    // The 2-rank runs: Lockstep's gradients through shared memory, and its third side through Gloo.
+    EXPECT_EQ(e["lockstep"]["gradient_transport"], "shared memory") << e.dump();
+    EXPECT_EQ(e["lockstep_gloo"]["gradient_transport"], "gloo: turned off by LOCKSTEP_DDP_SHARED_MEMORY=0 (ranks 0, 1)")
+        << e.dump();
+    expect_positive(e["gloo_ratio"], "gloo_ratio");
   }
   EXPECT_EQ(models, (std::set<std::string>{"small", "25m", "cnn"}));
 

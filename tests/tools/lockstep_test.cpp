@@ -138,6 +138,26 @@ TEST(LockstepLaunch, TwoWorkersSeeOneJob) {
   EXPECT_EQ(addresses.size(), 1u) << result.out;
 }
 
+// Workers started by `lockstep launch` are siblings, not parent and child: DDP's shared memory
+// must still reach rank 0's segment (through /proc/<pid>/fd), and train as the self-launched job.
+TEST(LockstepLaunch, SiblingWorkersShareDDPGradientMemory) {
+  const std::vector<std::string> flags{"--model", "small", "--steps", "2", "--warmup", "1"};
+  std::vector<std::string> launched{lockstep_bin, "launch", "--nproc-per-node", "2", "--",
+                                    std::string(LOCKSTEP_BIN_DIR) + "/bench_ddp"};
+  launched.insert(launched.end(), flags.begin(), flags.end());
+  std::vector<std::string> self{std::string(LOCKSTEP_BIN_DIR) + "/bench_ddp", "--nproc-per-node", "2"};
+  self.insert(self.end(), flags.begin(), flags.end());
+  std::vector<nlohmann::json> reports;
+  for (const auto& argv : {launched, self}) {
+    auto result = run_command(argv, plain_environment(), std::chrono::seconds(60));
+    ASSERT_EQ(result.exit_code, 0) << result.err;
+    reports.push_back(nlohmann::json::parse(result.out_lines().back()));
+  }
+  EXPECT_EQ(reports[0]["gradient_transport"], "shared memory") << reports[0].dump();
+  EXPECT_EQ(reports[1]["gradient_transport"], "shared memory") << reports[1].dump();
+  EXPECT_EQ(reports[0]["loss"], reports[1]["loss"]) << "the same job, launched two ways";
+}
+
 TEST(LockstepLaunch, KillingOneWorkerTakesTheJobDown) {
   testing::become_subreaper();  // so "gone" can be told from "zombie" for every worker
   testing::TempDir dir;

@@ -119,7 +119,10 @@ Reducer::~Reducer() {
 void Reducer::connect_shared_memory() {
   // A collective on every rank (each says whether it can), so that all ranks agree.
   const std::string unsuitable = shared_memory_unsuitable(params_, options_);
-  if (group_.world_size() < 2) return;
+  if (group_.world_size() < 2) {
+    why_not_shared_memory_ = "a single rank has nothing to share";
+    return;
+  }
   int64_t bytes = 64;
   for (const auto& p : params_) bytes += cache_line_round_up(p.numel() * static_cast<int64_t>(p.element_size()));
   shared_memory_ = SharedMemoryAllreduce::connect(group_, bytes, unsuitable, &why_not_shared_memory_);
