@@ -30,11 +30,12 @@ struct DDPOptions {
   /// unused ones are found once, in the first step, and buckets follow the first step's order
   /// even with unused parameters. Default: false.
   TORCH_ARG(bool, static_graph) = false;
-  /// When every rank runs on one host (and parameters are float32/float64 on the CPU), keep
-  /// the buckets in memory shared by the ranks and average them there instead of sending them
+  /// When ranks share a host (and parameters are float32/float64 on the CPU), keep the buckets
+  /// in memory shared by the ranks of each host and average them there instead of sending them
   /// through the backend (Gloo's loopback TCP): the sum in rank order (on 2 ranks the same bits
-  /// as Gloo's) for about a tenth of the CPU time. Other collectives still use the backend. The environment variable
-  /// LOCKSTEP_DDP_SHARED_MEMORY=0 turns it off too. Default: true.
+  /// as Gloo's) for about a tenth of the CPU time. With several hosts (the same number of ranks
+  /// on each), rank i of every host then sums part i over the backend. Other collectives still
+  /// use the backend. LOCKSTEP_DDP_SHARED_MEMORY=0 turns it off too. Default: true.
   TORCH_ARG(bool, shared_memory) = true;
   /// How a bucket is reduced. Default: allreduce_mean_hook().
   TORCH_ARG(CommHook, comm_hook) = allreduce_mean_hook();

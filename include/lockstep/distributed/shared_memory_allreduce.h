@@ -15,6 +15,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
@@ -29,11 +30,16 @@ class SharedMemoryAllreduce {
  public:
   /// A collective over `group`: every rank gets a transport whose slot holds `bytes_per_rank`
   /// bytes, or every rank gets nullptr and `why_not` says why (a rank that `refused` with a
-  /// reason, ranks on different hosts, a single rank, memory that could not be shared). The
-  /// segment is an anonymous memfd: nothing is left in /dev/shm, whatever happens to the ranks.
+  /// reason, a host with one rank only, hosts with different numbers of ranks, memory that
+  /// could not be shared). Ranks share a segment with the ranks on their host; with several
+  /// hosts, each part of a bucket is also summed across hosts over the backend, by one rank per
+  /// host. `host` names this rank's host; default: this machine (hostname, boot and process
+  /// namespace; tests pass others). A segment is an anonymous memfd: nothing is left in
+  /// /dev/shm, whatever happens to the ranks.
   static std::shared_ptr<SharedMemoryAllreduce> connect(ProcessGroup& group, int64_t bytes_per_rank,
                                                         const std::string& refused = "",
-                                                        std::string* why_not = nullptr);
+                                                        std::string* why_not = nullptr,
+                                                        const std::string& host = "");
   ~SharedMemoryAllreduce();
   SharedMemoryAllreduce(const SharedMemoryAllreduce&) = delete;
   SharedMemoryAllreduce& operator=(const SharedMemoryAllreduce&) = delete;
@@ -60,15 +66,20 @@ class SharedMemoryAllreduce {
     c10::intrusive_ptr<c10::ivalue::Future> future;
   };
 
-  SharedMemoryAllreduce(std::shared_ptr<Segment> segment, int rank, int world_size, std::string who,
-                        std::chrono::milliseconds timeout);
+  SharedMemoryAllreduce(std::shared_ptr<Segment> segment, std::vector<int> members, int local_rank,
+                        std::shared_ptr<ProcessGroup> across, std::string who, std::chrono::milliseconds timeout);
   void run();
   void reduce(const Job& job);
   void barrier(const char* phase);
+  [[noreturn]] void fail_all(const std::string& what);
+  template <typename T>
+  std::vector<T*> slots_of(int64_t offset) const;
 
   std::shared_ptr<Segment> segment_;
-  int rank_;
-  int world_size_;
+  std::vector<int> members_;  // the group ranks on this host, in rank order: slot r is members_[r]'s
+  int local_rank_;
+  int local_size_;
+  std::shared_ptr<ProcessGroup> across_;  // rank local_rank_ of every host; null on one host
   std::string who_;  // "rank 1/2", for messages
   std::chrono::milliseconds timeout_;
   uint64_t epoch_ = 0;

@@ -18,6 +18,7 @@
 
 #include <fcntl.h>
 
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
 
 #include <lockstep/distributed/collectives.h>
@@ -148,24 +149,47 @@ struct SharedMemoryAllreduce::Segment {
 };
 
 std::shared_ptr<SharedMemoryAllreduce> SharedMemoryAllreduce::connect(ProcessGroup& group, int64_t bytes_per_rank,
-                                                                      const std::string& refused,
-                                                                      std::string* why_not) {
+                                                                      const std::string& refused, std::string* why_not,
+                                                                      const std::string& host) {
   auto refuse = [&](const std::string& reason) -> std::shared_ptr<SharedMemoryAllreduce> {
     if (why_not) *why_not = reason;
     return nullptr;
   };
   const int world = group.world_size();
   if (world < 2) return refuse("a single rank has nothing to share");
-  if (world > kMaxRanks) return refuse("more than " + std::to_string(kMaxRanks) + " ranks");
+  // The hosts, each with its ranks in rank order; this rank's host and place on it.
+  const auto keys = gather_strings(group, host.empty() ? host_key() : host, "DDP shared memory hosts");
+  std::vector<std::vector<int>> hosts;
+  std::vector<std::string> host_keys;
+  for (int r = 0; r < world; ++r) {
+    const auto at = std::find(host_keys.begin(), host_keys.end(), keys[r]) - host_keys.begin();
+    if (at == static_cast<long>(host_keys.size())) {
+      host_keys.push_back(keys[r]);
+      hosts.emplace_back();
+    }
+    hosts[at].push_back(r);
+  }
+  const auto& members = *std::find_if(hosts.begin(), hosts.end(), [&](const std::vector<int>& ranks) {
+    return std::find(ranks.begin(), ranks.end(), group.rank()) != ranks.end();
+  });
+  const int local_size = static_cast<int>(members.size());
+  const int local_rank = static_cast<int>(std::find(members.begin(), members.end(), group.rank()) - members.begin());
+  const bool leader = local_rank == 0;
   const int64_t slot_bytes = round_up(std::max<int64_t>(bytes_per_rank, 64), kPage);
-  const int64_t total = kHeaderBytes + slot_bytes * world;
+  const int64_t total = kHeaderBytes + slot_bytes * local_size;
 
-  // Rank 0 creates the segment; the others open it through /proc.
   std::string error = refused;
+  if (error.empty()) {
+    const bool even = std::all_of(hosts.begin(), hosts.end(), [&](const auto& h) { return h.size() == members.size(); });
+    if (local_size < 2) error = "no other rank on its host";
+    if (!even) error = "hosts with different numbers of ranks";
+    if (local_size > kMaxRanks) error = "more than " + std::to_string(kMaxRanks) + " ranks on one host";
+  }
+  // The first rank of each host creates its segment; the others open it through /proc.
   int fd = -1;
   char* base = nullptr;
-  nlohmann::json offer = {{"host", host_key()}, {"path", ""}, {"token", 0}};
-  if (group.rank() == 0 && error.empty()) {
+  nlohmann::json offer = {{"path", ""}, {"token", 0}};
+  if (leader && error.empty()) {
     std::random_device random;
     const uint64_t token = (static_cast<uint64_t>(random()) << 32) ^ random() ^ static_cast<uint64_t>(getpid());
     fd = static_cast<int>(syscall(SYS_memfd_create, "lockstep-ddp", 1u /* MFD_CLOEXEC */));
@@ -179,21 +203,20 @@ std::shared_ptr<SharedMemoryAllreduce> SharedMemoryAllreduce::connect(ProcessGro
     } else if ((base = map_shared(fd, total, &error))) {
       auto* header = new (base) Header();
       header->token = token;
-      header->world_size = world;
+      header->world_size = local_size;
       offer["path"] = "/proc/" + std::to_string(getpid()) + "/fd/" + std::to_string(fd);
       offer["token"] = token;
     }
   }
-  offer = broadcast_json(group, offer, 0, CollectiveOptions().tag("DDP shared memory offer"));
+  const auto offers = gather_strings(group, leader ? offer.dump() : "", "DDP shared memory offers");
+  offer = nlohmann::json::parse(offers[members.front()]);
   const std::string path = offer["path"];
-  if (group.rank() != 0 && error.empty() && !path.empty()) {
-    if (offer["host"] != host_key()) {
-      error = "not on rank 0's host";
-    } else if ((fd = open(path.c_str(), O_RDWR | O_CLOEXEC)) < 0) {
+  if (!leader && error.empty() && !path.empty()) {
+    if ((fd = open(path.c_str(), O_RDWR | O_CLOEXEC)) < 0) {
       error = errno_text("open " + path);
     } else if ((base = map_shared(fd, total, &error)) &&
                reinterpret_cast<Header*>(base)->token != offer["token"].get<uint64_t>()) {
-      error = "not rank 0's segment";
+      error = "not its host's segment";
     }
   }
   // Everyone has opened it (or failed): the file descriptors are no longer needed.
@@ -205,15 +228,32 @@ std::shared_ptr<SharedMemoryAllreduce> SharedMemoryAllreduce::connect(ProcessGro
     return refuse(reason);
   }
   auto segment = std::make_shared<Segment>(base, total, slot_bytes);
-  segment->header().pids[group.rank()] = getpid();
+  segment->header().pids[local_rank] = getpid();
+  // Across hosts, rank i of every host sums part i of the buckets with its peers over the backend.
+  std::shared_ptr<ProcessGroup> across;
+  if (hosts.size() > 1) {
+    for (int i = 0; i < local_size; ++i) {
+      std::vector<int> peers;
+      for (const auto& h : hosts) peers.push_back(h[i]);
+      auto subgroup = group.new_subgroup(peers);
+      if (i == local_rank) across = subgroup;
+    }
+  }
   distributed::barrier(group, "DDP shared memory attached");
-  return std::shared_ptr<SharedMemoryAllreduce>(
-      new SharedMemoryAllreduce(std::move(segment), group.rank(), world, group.describe(), group.timeout()));
+  return std::shared_ptr<SharedMemoryAllreduce>(new SharedMemoryAllreduce(
+      std::move(segment), members, local_rank, std::move(across), group.describe(), group.timeout()));
 }
 
-SharedMemoryAllreduce::SharedMemoryAllreduce(std::shared_ptr<Segment> segment, int rank, int world_size,
-                                             std::string who, std::chrono::milliseconds timeout)
-    : segment_(std::move(segment)), rank_(rank), world_size_(world_size), who_(std::move(who)), timeout_(timeout) {
+SharedMemoryAllreduce::SharedMemoryAllreduce(std::shared_ptr<Segment> segment, std::vector<int> members,
+                                             int local_rank, std::shared_ptr<ProcessGroup> across, std::string who,
+                                             std::chrono::milliseconds timeout)
+    : segment_(std::move(segment)),
+      members_(std::move(members)),
+      local_rank_(local_rank),
+      local_size_(static_cast<int>(members_.size())),
+      across_(std::move(across)),
+      who_(std::move(who)),
+      timeout_(timeout) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -236,7 +276,7 @@ at::Tensor SharedMemoryAllreduce::region(int64_t offset, int64_t numel, const at
                                 std::to_string(segment_->slot_bytes) + "-byte slot.");
   }
   auto keep = segment_;
-  return torch::from_blob(segment_->slot(rank_) + offset, {numel}, [keep](void*) {}, options);
+  return torch::from_blob(segment_->slot(local_rank_) + offset, {numel}, [keep](void*) {}, options);
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> SharedMemoryAllreduce::allreduce(int64_t offset, at::Tensor tensor,
@@ -279,7 +319,7 @@ void SharedMemoryAllreduce::run() {
 }
 
 void SharedMemoryAllreduce::reduce(const Job& job) {
-  char* mine = segment_->slot(rank_) + job.offset;
+  char* mine = segment_->slot(local_rank_) + job.offset;
   const bool in_place = job.tensor.data_ptr() == mine;
   const size_t bytes = static_cast<size_t>(job.tensor.numel()) * job.tensor.element_size();
   if (!in_place) std::memcpy(mine, job.tensor.data_ptr(), bytes);
@@ -287,38 +327,54 @@ void SharedMemoryAllreduce::reduce(const Job& job) {
   // Rank r reduces part r; parts start on 64-byte boundaries so no two ranks share a cache line.
   const int64_t count = job.tensor.numel();
   const int64_t align = 64 / static_cast<int64_t>(job.tensor.element_size());
-  const int64_t per = round_up((count + world_size_ - 1) / world_size_, align);
-  const int64_t begin = std::min(count, per * rank_);
+  const int64_t per = round_up((count + local_size_ - 1) / local_size_, align);
+  const int64_t begin = std::min(count, per * local_rank_);
   const int64_t end = std::min(count, begin + per);
+  // Across hosts: sum within the host, then part r over the same part of the other hosts
+  // (Gloo, rank r of every host), and divide only then.
+  const double divide_here = across_ ? 1.0 : job.divisor;
   if (job.tensor.scalar_type() == at::kFloat) {
-    std::vector<float*> slots;
-    for (int r = 0; r < world_size_; ++r) slots.push_back(reinterpret_cast<float*>(segment_->slot(r) + job.offset));
-    sum_part<float>(slots, begin, end, static_cast<float>(job.divisor));
+    sum_part<float>(slots_of<float>(job.offset), begin, end, static_cast<float>(divide_here));
   } else {
-    std::vector<double*> slots;
-    for (int r = 0; r < world_size_; ++r) slots.push_back(reinterpret_cast<double*>(segment_->slot(r) + job.offset));
-    sum_part<double>(slots, begin, end, job.divisor);
+    sum_part<double>(slots_of<double>(job.offset), begin, end, divide_here);
+  }
+  if (across_ && end > begin) {
+    const int64_t element = static_cast<int64_t>(job.tensor.element_size());
+    std::vector<at::Tensor> part{torch::from_blob(mine + begin * element, {end - begin}, job.tensor.options())};
+    c10d::AllreduceOptions options;
+    options.timeout = timeout_;
+    try {
+      across_->backend()->allreduce(part, options)->wait(timeout_);
+    } catch (const std::exception& e) {
+      fail_all(std::string("the sum across hosts (") + across_->describe() + ") failed: " + e.what());
+    }
+    part[0].div_(job.divisor);
+    for (int r = 0; r < local_size_; ++r) {
+      if (r != local_rank_) std::memcpy(segment_->slot(r) + job.offset + begin * element, part[0].data_ptr(),
+                                        static_cast<size_t>((end - begin) * element));
+    }
   }
   barrier("sums written");
   // No third barrier: a rank writes its slot again only after the next call's first barrier.
   if (!in_place) std::memcpy(job.tensor.data_ptr(), mine, bytes);
 }
 
+void SharedMemoryAllreduce::fail_all(const std::string& what) {
+  uint32_t none = 0;
+  segment_->header().aborted_by.compare_exchange_strong(none, static_cast<uint32_t>(local_rank_ + 1));
+  throw DistributedError(who_ + ": shared-memory allreduce of a DDP bucket: " + what);
+}
+
 void SharedMemoryAllreduce::barrier(const char* phase) {
   Header& h = segment_->header();
   const uint64_t epoch = ++epoch_;
-  auto fail = [&](const std::string& what) {
-    uint32_t none = 0;
-    h.aborted_by.compare_exchange_strong(none, static_cast<uint32_t>(rank_ + 1));
-    throw DistributedError(who_ + ": shared-memory allreduce of a DDP bucket (" + phase + ", barrier " +
-                           std::to_string(epoch) + "): " + what);
-  };
+  const std::string where = std::string(" (") + phase + ", barrier " + std::to_string(epoch) + ")";
   if (const uint32_t by = h.aborted_by.load(std::memory_order_acquire)) {
-    fail("rank " + std::to_string(by - 1) + " failed earlier; see its output");
+    fail_all("rank " + std::to_string(members_[by - 1]) + " failed earlier; see its output" + where);
   }
-  h.arrived[rank_].store(epoch, std::memory_order_relaxed);
+  h.arrived[local_rank_].store(epoch, std::memory_order_relaxed);
   const uint32_t generation = h.generation.load(std::memory_order_acquire);
-  if (h.count.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(world_size_)) {
+  if (h.count.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(local_size_)) {
     h.count.store(0, std::memory_order_relaxed);
     h.generation.store(generation + 1, std::memory_order_release);
     futex(&h.generation, FUTEX_WAKE, INT_MAX, nullptr);
@@ -331,24 +387,31 @@ void SharedMemoryAllreduce::barrier(const char* phase) {
     const long rc = futex(&h.generation, FUTEX_WAIT, generation, &slice);
     if (rc == 0 || errno == EAGAIN || errno == EINTR) continue;
     if (const uint32_t by = h.aborted_by.load(std::memory_order_acquire)) {
-      fail("rank " + std::to_string(by - 1) + " failed; see its output");
+      fail_all("rank " + std::to_string(members_[by - 1]) + " failed; see its output" + where);
     }
     std::string missing, exited;
-    for (int r = 0; r < world_size_; ++r) {
+    for (int r = 0; r < local_size_; ++r) {
       if (h.arrived[r].load(std::memory_order_relaxed) >= epoch) continue;
-      missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      if (!process_alive(h.pids[r])) exited += (exited.empty() ? "" : ", ") + std::to_string(r);
+      missing += (missing.empty() ? "" : ", ") + std::to_string(members_[r]);
+      if (!process_alive(h.pids[r])) exited += (exited.empty() ? "" : ", ") + std::to_string(members_[r]);
     }
     if (h.generation.load(std::memory_order_acquire) != generation) return;
-    if (!exited.empty()) fail("rank(s) " + exited + " exited; waiting for rank(s) " + missing);
-    if (stopping_.load()) fail("stopped while waiting for rank(s) " + missing);
+    if (!exited.empty()) fail_all("rank(s) " + exited + " exited; waiting for rank(s) " + missing + where);
+    if (stopping_.load()) fail_all("stopped while waiting for rank(s) " + missing + where);
     if (Clock::now() > deadline) {
       std::ostringstream seconds;
       seconds << static_cast<double>(timeout_.count()) / 1000.0;
-      fail("timed out after " + seconds.str() + " s waiting for rank(s) " + missing +
-           ". Every rank must run the same synchronised backward passes; check those ranks' output.");
+      fail_all("timed out after " + seconds.str() + " s waiting for rank(s) " + missing + where +
+               ". Every rank must run the same synchronised backward passes; check those ranks' output.");
     }
   }
+}
+
+template <typename T>
+std::vector<T*> SharedMemoryAllreduce::slots_of(int64_t offset) const {
+  std::vector<T*> slots;
+  for (int r = 0; r < local_size_; ++r) slots.push_back(reinterpret_cast<T*>(segment_->slot(r) + offset));
+  return slots;
 }
 
 }  // namespace distributed

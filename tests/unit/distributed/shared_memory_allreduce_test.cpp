@@ -73,6 +73,56 @@ TEST_P(SharedMemorySum, IsTheRankOrderSumOnEveryRank) {
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, SharedMemorySum, ::testing::Values(2, 3, 4));
 
+// Several hosts (named here, all in this process): each host sums in its shared memory, then
+// rank i of every host sums part i across hosts over Gloo. Every rank gets the same bits: the
+// hosts' sums (each in rank order) added in host order, divided by the world size.
+class SharedMemoryHosts : public ::testing::TestWithParam<std::vector<std::string>> {};
+
+TEST_P(SharedMemoryHosts, SumWithinEachHostThenAcrossHosts) {
+  const auto hosts = GetParam();
+  const int world = static_cast<int>(hosts.size());
+  run_ranks(world, [&](ProcessGroup& g) {
+    std::string why;
+    auto shared = SharedMemoryAllreduce::connect(g, 1 << 20, "", &why, hosts[g.rank()]);
+    ASSERT_TRUE(shared) << why;
+    for (int64_t n : {1, 1000, 65537}) {
+      std::vector<std::string> order;  // hosts in order of their first rank
+      for (const auto& h : hosts) {
+        if (std::find(order.begin(), order.end(), h) == order.end()) order.push_back(h);
+      }
+      at::Tensor expected;
+      for (const auto& h : order) {
+        auto host_sum = torch::zeros({n});
+        for (int r = 0; r < world; ++r) {
+          if (hosts[r] == h) host_sum.add_(values_of(r, n, at::kFloat));
+        }
+        expected = expected.defined() ? expected + host_sum : host_sum;
+      }
+      expected.div_(world);
+      auto region = shared->region(0, n, torch::kFloat);
+      region.copy_(values_of(g.rank(), n, at::kFloat));
+      EXPECT_TRUE(reduced(shared->allreduce(0, region, world)).equal(expected)) << "rank " << g.rank() << " n " << n;
+    }
+  }, forever());
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, SharedMemoryHosts,
+                         ::testing::Values(std::vector<std::string>{"a", "a", "b", "b"},
+                                           std::vector<std::string>{"a", "b", "a", "b"},
+                                           std::vector<std::string>{"a", "a", "a", "b", "b", "b"}));
+
+TEST(SharedMemoryAllreduce, HostsItCannotServeAreRefusedOnEveryRank) {
+  for (const auto& [hosts, reason] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"a", "b"}, "no other rank on its host (ranks 0, 1)"},
+           {{"a", "a", "b"}, "hosts with different numbers of ranks (ranks 0, 1, 2)"}}) {
+    run_ranks(static_cast<int>(hosts.size()), [&, hosts = hosts, reason = reason](ProcessGroup& g) {
+      std::string why;
+      EXPECT_FALSE(SharedMemoryAllreduce::connect(g, 4096, "", &why, hosts[g.rank()]));
+      EXPECT_EQ(why, reason);
+    }, forever());
+  }
+}
+
 TEST(SharedMemoryAllreduce, ARankThatNeverArrivesIsATimeoutNamingIt) {
   std::string message;
   run_ranks(2, [&](ProcessGroup& g) {
