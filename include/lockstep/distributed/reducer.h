@@ -109,7 +109,7 @@ class Reducer {
   /// The bucket buffers (for tests: with gradient_as_bucket_view, grads are views into them).
   std::vector<at::Tensor> bucket_buffers() const;
   /// Whether buckets are averaged through shared memory (DDPOptions::shared_memory), and if not,
-  /// why ("" when it was not asked for).
+  /// why, e.g. "turned off in DDPOptions (ranks 0, 1)" ("" when it is used).
   bool uses_shared_memory() const { return shared_memory_ != nullptr; }
   const std::string& why_not_shared_memory() const { return why_not_shared_memory_; }
   /// Parameters found unused by the last prepare_for_backward (find_unused_parameters).

@@ -1,10 +1,11 @@
 #pragma once
-/// SharedMemoryAllreduce: DDP's gradient transport between ranks on one host. Every rank maps
-/// one shared memory segment; a rank's gradient buckets live in its own slot of it, and a
-/// bucket is averaged in place: rank r sums part r of the bucket over all slots (in rank
-/// order, so every rank gets the same bits) and writes the mean into every slot. That replaces
-/// Gloo's loopback TCP, which costs about ten times the CPU, for the one collective that moves
-/// most bytes. Everything else still goes through the process group's backend.
+/// SharedMemoryAllreduce: DDP's gradient transport between ranks on one host. The ranks of a
+/// host map one shared memory segment; a rank's gradient buckets live in its own slot of it, and
+/// a bucket is averaged in place: rank r sums part r of the bucket over all slots (in rank order,
+/// so every rank gets the same bits) and writes the mean into every slot. That replaces Gloo's
+/// loopback TCP, which costs about ten times the CPU, for the one collective that moves most
+/// bytes. With several hosts, rank r of each host also sums part r across hosts over the
+/// process group's backend. Everything else still goes through the process group.
 
 #include <atomic>
 #include <chrono>

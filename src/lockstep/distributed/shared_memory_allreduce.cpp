@@ -38,11 +38,11 @@ int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 struct Header {
   alignas(64) std::atomic<uint32_t> count;       // arrivals at the current barrier
   alignas(64) std::atomic<uint32_t> generation;  // the futex word: bumped when all arrived
-  alignas(64) std::atomic<uint32_t> aborted_by;  // 0, or 1 + the rank that failed
+  alignas(64) std::atomic<uint32_t> aborted_by;  // 0, or 1 + the slot (rank on the host) that failed
   uint64_t token;                                // random: proves a rank mapped the right memory
-  int32_t world_size;
-  int32_t pids[kMaxRanks];
-  std::atomic<uint64_t> arrived[kMaxRanks];  // the last barrier each rank reached
+  int32_t world_size;                            // ranks on this host
+  int32_t pids[kMaxRanks];                   // per slot
+  std::atomic<uint64_t> arrived[kMaxRanks];  // per slot: the last barrier it reached
 };
 
 const int64_t kHeaderBytes = round_up(sizeof(Header), kPage);
