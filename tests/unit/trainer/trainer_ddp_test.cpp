@@ -66,6 +66,20 @@ TEST_F(TrainerDDP, TwoRanksEqualOneProcessOnTheFullBatch) {
   }
 }
 
+// ddp_fork: rank 1 is forked from rank 0 inside fit() instead of re-executed; the job is the same.
+TEST_F(TrainerDDP, ForkedRanksTrainLikeReexecutedOnes) {
+  const std::vector<std::string> flags{"--devices", "2", "--batch-size", "8", "--max-epochs", "2"};
+  auto forked_flags = flags, popen_flags = flags;
+  forked_flags.insert(forked_flags.end(), {"--strategy", "ddp_fork"});
+  popen_flags.insert(popen_flags.end(), {"--strategy", "ddp"});
+  auto forked = run("forked", forked_flags);
+  auto reexecuted = run("reexecuted", popen_flags);
+  ASSERT_EQ(forked.size(), 2u) << "both forked ranks must write their parameters";
+  ASSERT_EQ(reexecuted.size(), 2u);
+  EXPECT_EQ(max_diff(forked[0], forked[1]), 0.0) << "forked replicas diverged";
+  EXPECT_EQ(max_diff(forked[0], reexecuted[0]), 0.0) << "forking changed the result";
+}
+
 // Loggers belong to rank 0: one a user adds on every rank must not make the other ranks claim
 // run directories of their own (an empty version_1 beside rank 0's version_0).
 TEST_F(TrainerDDP, LoggersOnEveryRankWriteOneRunDirectory) {
