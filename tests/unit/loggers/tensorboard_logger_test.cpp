@@ -1,8 +1,14 @@
 #include <lockstep/loggers/tensorboard_logger.h>
 
+#include <lockstep/loggers/csv_logger.h>
+#include <lockstep/trainer/trainer.h>
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <sstream>
+#include <tuple>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -11,7 +17,9 @@
 // The event file is decoded here without any of the logger's code: a bitwise CRC32C, the TFRecord
 // framing and the protobuf wire format, each written from their specifications.
 
+#include "../../support/regression.h"
 #include "../../support/temp_dir.h"
+#include "../../support/trainer_runs.h"
 
 namespace lockstep {
 namespace loggers {
@@ -190,6 +198,54 @@ TEST(TensorBoardLoggerTest, EventFileDecodesToTheLoggedScalars) {
   EXPECT_EQ(third.step, int64_t{1} << 40);
   EXPECT_EQ(third.values,
             (std::vector<std::pair<std::string, float>>{{"val_acc", 0.875f}, {"val_loss", static_cast<float>(1.0 / 3.0)}}));
+}
+
+// Inside the Trainer, beside a CSVLogger: the event file holds the same rows (step, name, value)
+// as metrics.csv.
+TEST(TensorBoardLoggerTest, InsideTheTrainerItRecordsWhatTheCsvLoggerRecords) {
+  TempDir root{"lockstep_tb_trainer"};
+  auto tensorboard = std::make_shared<TensorBoardLogger>(LoggerOptions(root.path()).name("tb"));
+  auto csv = std::make_shared<CSVLogger>(LoggerOptions(root.path()).name("csv"));
+  Trainer trainer(lockstep::testing::quiet_options(root).max_epochs(2).log_every_n_steps(1));
+  trainer.add_logger(tensorboard);
+  trainer.add_logger(csv);
+  torch::manual_seed(2);
+  trainer.fit(std::make_shared<lockstep::testing::Regressor>(),
+              lockstep::testing::loader_of(lockstep::testing::regression_data(32), 8),
+              lockstep::testing::loader_of(lockstep::testing::regression_data(16, 8, 9), 8));
+
+  std::vector<std::tuple<int64_t, std::string, float>> from_csv, from_events;
+  std::ifstream in(csv->metrics_file());
+  std::string line;
+  std::getline(in, line);
+  std::vector<std::string> columns;
+  for (std::istringstream header(line); std::getline(header, line, ',');) columns.push_back(line);
+  while (std::getline(in, line)) {
+    std::vector<std::string> cells;
+    std::istringstream row(line);
+    for (std::string cell; std::getline(row, cell, ',');) cells.push_back(cell);
+    for (size_t c = 1; c < cells.size(); ++c) {
+      if (!cells[c].empty()) from_csv.emplace_back(std::stoll(cells[0]), columns[c], std::stof(cells[c]));
+    }
+  }
+  const auto files = event_files(tensorboard->log_dir());
+  ASSERT_EQ(files.size(), 1u);
+  const auto records = read_records(files[0]);
+  for (size_t i = 1; i < records.size(); ++i) {
+    const Event event = parse_event(records[i]);
+    for (const auto& [name, value] : event.values) from_events.emplace_back(event.step, name, value);
+  }
+  std::sort(from_csv.begin(), from_csv.end());
+  std::sort(from_events.begin(), from_events.end());
+  EXPECT_GE(from_events.size(), 8u) << "4 training steps and 2 validations, each with its epoch";
+  ASSERT_EQ(from_events.size(), from_csv.size());
+  for (size_t i = 0; i < from_events.size(); ++i) {
+    const auto& [step, name, value] = from_events[i];
+    EXPECT_EQ(step, std::get<0>(from_csv[i])) << i;
+    EXPECT_EQ(name, std::get<1>(from_csv[i])) << i;
+    // The CSV holds the double in decimal, the event the float: equal to float precision.
+    EXPECT_NEAR(value, std::get<2>(from_csv[i]), 1e-6 * std::max(1.0f, std::abs(value))) << name << " at " << step;
+  }
 }
 
 TEST(TensorBoardLoggerTest, EachEventIsOnDiskWhenLogMetricsReturns) {
