@@ -2,9 +2,8 @@
 // allreduce must fail naming it, well within the 60 s timeout. Prints rank 0's error; exits 0
 // if there was one, 1 if the allreduce succeeded, 3 if shared memory was refused.
 #include <lockstep/distributed/shared_memory_allreduce.h>
+#include <lockstep/launchers/worker_environment.h>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,25 +12,10 @@
 
 #include <torch/torch.h>
 
-namespace {
-
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  socklen_t length = sizeof(address);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  close(fd);
-  return ntohs(address.sin_port);
-}
-
-}  // namespace
 
 int main() {
   using namespace lockstep::distributed;
-  const int port = free_port();
+  const int port = lockstep::launchers::find_free_port();
   const pid_t child = fork();
   const int rank = child == 0 ? 1 : 0;
   auto group = ProcessGroup::init(ProcessGroupOptions(rank, 2).main_port(port).timeout(std::chrono::seconds(60)));

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <lockstep/environments/cluster_environment.h>
+#include <lockstep/launchers/worker_environment.h>
 
 #include "../support/command.h"
 #include "../unit/launchers/process_support.h"
@@ -156,6 +157,51 @@ TEST(LockstepLaunch, SiblingWorkersShareDDPGradientMemory) {
   EXPECT_EQ(reports[0]["gradient_transport"], "shared memory") << reports[0].dump();
   EXPECT_EQ(reports[1]["gradient_transport"], "shared memory") << reports[1].dump();
   EXPECT_EQ(reports[0]["loss"], reports[1]["loss"]) << "the same job, launched two ways";
+}
+
+// Open MPI's mpirun (openmpi-bin, installed by scripts/setup) starts the ranks: Lockstep reads
+// its variables and trains the same job as when it launches itself.
+std::vector<std::string> mpirun(int ranks, const std::vector<std::string>& program) {
+  std::vector<std::string> argv{"/usr/bin/mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
+                                std::to_string(ranks), "-x", "MASTER_PORT=" + std::to_string(launchers::find_free_port()),
+                                "-x", "OMP_NUM_THREADS=1"};
+  argv.insert(argv.end(), program.begin(), program.end());
+  return argv;
+}
+
+TEST(LockstepUnderMpirun, RanksSeeTheMpiJob) {
+  auto result = run_command(mpirun(2, {lockstep_bin, "env", "--json"}), plain_environment(), std::chrono::seconds(60));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  std::set<int> ranks, local_ranks;
+  for (const auto& line : result.out_lines()) {
+    if (line.front() != '{') continue;  // Open MPI's own notices, if any
+    auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["environment"], "mpi") << line;
+    EXPECT_EQ(j["world_size"], 2) << line;
+    EXPECT_EQ(j["creates_processes_externally"], true) << line;
+    ranks.insert(j["global_rank"].get<int>());
+    local_ranks.insert(j["local_rank"].get<int>());
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1})) << result.out;
+  EXPECT_EQ(local_ranks, (std::set<int>{0, 1})) << result.out;
+}
+
+TEST(LockstepUnderMpirun, DDPTrainsAsWhenItLaunchesItself) {
+  const std::string bench = std::string(LOCKSTEP_BIN_DIR) + "/bench_ddp";
+  const std::vector<std::string> flags{"--model", "small", "--steps", "3", "--warmup", "1"};
+  std::vector<std::string> program{bench};
+  program.insert(program.end(), flags.begin(), flags.end());
+  std::vector<std::string> self{bench, "--nproc-per-node", "2"};
+  self.insert(self.end(), flags.begin(), flags.end());
+  std::vector<nlohmann::json> reports;
+  for (const auto& argv : {mpirun(2, program), self}) {
+    auto result = run_command(argv, plain_environment(), std::chrono::seconds(60));
+    ASSERT_EQ(result.exit_code, 0) << result.err;
+    reports.push_back(nlohmann::json::parse(result.out_lines().back()));
+  }
+  EXPECT_EQ(reports[0]["world_size"], 2);
+  EXPECT_EQ(reports[0]["gradient_transport"], "shared memory") << reports[0].dump();
+  EXPECT_EQ(reports[0]["loss"], reports[1]["loss"]) << "mpirun's job and the self-launched one differ";
 }
 
 TEST(LockstepLaunch, KillingOneWorkerTakesTheJobDown) {
