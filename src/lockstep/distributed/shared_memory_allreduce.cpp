@@ -88,6 +88,51 @@ char* map_shared(int fd, int64_t bytes, std::string* error) {
   return nullptr;
 }
 
+// Groups ranks by their host keys: the hosts in order of their first rank, each with its ranks
+// in rank order.
+std::vector<std::vector<int>> ranks_by_host(const std::vector<std::string>& keys) {
+  std::vector<std::vector<int>> hosts;
+  std::vector<std::string> seen;
+  for (int r = 0; r < static_cast<int>(keys.size()); ++r) {
+    const auto at = static_cast<size_t>(std::find(seen.begin(), seen.end(), keys[r]) - seen.begin());
+    if (at == seen.size()) {
+      seen.push_back(keys[r]);
+      hosts.emplace_back();
+    }
+    hosts[at].push_back(r);
+  }
+  return hosts;
+}
+
+// A new memfd of `bytes`, mapped, with its header for `slots` ranks; `offer` gets the path the
+// other ranks open it by and the token that proves it. nullptr and `error` if it cannot be made.
+char* create_segment(int64_t bytes, int slots, int* fd, nlohmann::json* offer, std::string* error) {
+  std::random_device random;
+  const uint64_t token = (static_cast<uint64_t>(random()) << 32) ^ random() ^ static_cast<uint64_t>(getpid());
+  *fd = static_cast<int>(syscall(SYS_memfd_create, "lockstep-ddp", 1u /* MFD_CLOEXEC */));
+  if (*fd < 0) {
+    *error = errno_text("memfd_create");
+    return nullptr;
+  }
+  if (ftruncate(*fd, bytes) != 0) {
+    *error = errno_text("ftruncate");
+    return nullptr;
+  }
+  // Shared memory is sparse: without this, too little of it would show up later as SIGBUS.
+  if (const int rc = posix_fallocate(*fd, 0, bytes); rc != 0) {
+    *error = "reserving " + std::to_string(bytes >> 20) + " MiB of shared memory: " + std::strerror(rc);
+    return nullptr;
+  }
+  char* base = map_shared(*fd, bytes, error);
+  if (!base) return nullptr;
+  auto* header = new (base) Header();
+  header->token = token;
+  header->world_size = slots;
+  (*offer)["path"] = "/proc/" + std::to_string(getpid()) + "/fd/" + std::to_string(*fd);
+  (*offer)["token"] = token;
+  return base;
+}
+
 std::vector<std::string> gather_strings(ProcessGroup& group, const std::string& text, const std::string& tag) {
   auto bytes = torch::empty({static_cast<int64_t>(text.size())}, torch::kUInt8);
   if (!text.empty()) std::memcpy(bytes.data_ptr(), text.data(), text.size());
@@ -98,7 +143,8 @@ std::vector<std::string> gather_strings(ProcessGroup& group, const std::string& 
   return out;
 }
 
-// "turned off in DDPOptions (ranks 0, 1); rank 1: not on rank 0's host", or "" if none refused.
+// "turned off in DDPOptions (ranks 0, 1)" or "open /proc/...: Permission denied (rank 2)" (each
+// reason once, with the ranks that gave it), or "" if none refused.
 std::string describe_refusals(const std::vector<std::string>& reasons) {
   std::vector<std::pair<std::string, std::vector<int>>> grouped;
   for (int r = 0; r < static_cast<int>(reasons.size()); ++r) {
@@ -158,17 +204,8 @@ std::shared_ptr<SharedMemoryAllreduce> SharedMemoryAllreduce::connect(ProcessGro
   const int world = group.world_size();
   if (world < 2) return refuse("a single rank has nothing to share");
   // The hosts, each with its ranks in rank order; this rank's host and place on it.
-  const auto keys = gather_strings(group, host.empty() ? host_key() : host, "DDP shared memory hosts");
-  std::vector<std::vector<int>> hosts;
-  std::vector<std::string> host_keys;
-  for (int r = 0; r < world; ++r) {
-    const auto at = std::find(host_keys.begin(), host_keys.end(), keys[r]) - host_keys.begin();
-    if (at == static_cast<long>(host_keys.size())) {
-      host_keys.push_back(keys[r]);
-      hosts.emplace_back();
-    }
-    hosts[at].push_back(r);
-  }
+  const auto hosts =
+      ranks_by_host(gather_strings(group, host.empty() ? host_key() : host, "DDP shared memory hosts"));
   const auto& members = *std::find_if(hosts.begin(), hosts.end(), [&](const std::vector<int>& ranks) {
     return std::find(ranks.begin(), ranks.end(), group.rank()) != ranks.end();
   });
@@ -189,25 +226,7 @@ std::shared_ptr<SharedMemoryAllreduce> SharedMemoryAllreduce::connect(ProcessGro
   int fd = -1;
   char* base = nullptr;
   nlohmann::json offer = {{"path", ""}, {"token", 0}};
-  if (leader && error.empty()) {
-    std::random_device random;
-    const uint64_t token = (static_cast<uint64_t>(random()) << 32) ^ random() ^ static_cast<uint64_t>(getpid());
-    fd = static_cast<int>(syscall(SYS_memfd_create, "lockstep-ddp", 1u /* MFD_CLOEXEC */));
-    if (fd < 0) {
-      error = errno_text("memfd_create");
-    } else if (ftruncate(fd, total) != 0) {
-      error = errno_text("ftruncate");
-    } else if (int rc = posix_fallocate(fd, 0, total); rc != 0) {
-      // Shared memory is sparse: without this, too little of it would show up later as SIGBUS.
-      error = std::string("reserving ") + std::to_string(total >> 20) + " MiB of shared memory: " + std::strerror(rc);
-    } else if ((base = map_shared(fd, total, &error))) {
-      auto* header = new (base) Header();
-      header->token = token;
-      header->world_size = local_size;
-      offer["path"] = "/proc/" + std::to_string(getpid()) + "/fd/" + std::to_string(fd);
-      offer["token"] = token;
-    }
-  }
+  if (leader && error.empty()) base = create_segment(total, local_size, &fd, &offer, &error);
   const auto offers = gather_strings(group, leader ? offer.dump() : "", "DDP shared memory offers");
   offer = nlohmann::json::parse(offers[members.front()]);
   const std::string path = offer["path"];
