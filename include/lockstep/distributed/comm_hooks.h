@@ -41,8 +41,8 @@ class GradBucket {
   /// Views into buffer(), one per parameter, shaped like it.
   const std::vector<at::Tensor>& gradients() const { return gradients_; }
 
-  /// When every rank of the group runs on this host (DDPOptions::shared_memory), the memory
-  /// the ranks' buckets live in and this bucket's offset there; allreduce_mean_hook averages
+  /// When the group's ranks share hosts (DDPOptions::shared_memory), the memory this host's
+  /// ranks keep their buckets in and this bucket's offset there; allreduce_mean_hook averages
   /// through it. nullptr otherwise.
   SharedMemoryAllreduce* shared_memory() const { return shared_memory_.get(); }
   int64_t shared_memory_offset() const { return shared_memory_offset_; }
