@@ -16,6 +16,7 @@
 #include <torch/torch.h>
 
 #include <lockstep/core/blas.h>
+#include <lockstep/core/number_text.h>
 #include <lockstep/core/usage_error.h>
 #include <lockstep/distributed/collectives.h>
 #include <lockstep/environments/cluster_environment.h>
@@ -48,14 +49,8 @@ int64_t parse_size(const std::string& text) {
       digits = text.substr(0, text.size() - 1);
     }
   }
-  size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(digits, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != digits.size() || value <= 0) {
+  const double value = whole_number(digits).value_or(0);
+  if (value <= 0) {
     throw UsageError("--sizes: '" + text + "' is not a size; use bytes with an optional K, M or G suffix "
                      "(powers of 1024, as nccl-tests), e.g. --sizes 1M,25M,100M.");
   }

@@ -16,6 +16,7 @@
 #include <lockstep/callbacks/progress_bar.h>
 #include <lockstep/callbacks/simple_profiler.h>
 #include <lockstep/checkpoint/checkpoint_io.h>
+#include <lockstep/core/number_text.h>
 #include <lockstep/checkpoint/optimizer_state.h>
 #include <lockstep/checkpoint/state_dict.h>
 #include <lockstep/core/blas.h>
@@ -29,14 +30,9 @@ namespace {
 
 // "1.0" (all), "0.25" (a fraction), "10" (a count) of `available` batches.
 int64_t limit_batches(const std::string& limit, int64_t available, const std::string& flag) {
-  size_t used = 0;
-  double value = -1;
-  try {
-    value = std::stod(limit, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != limit.size() || value < 0) {
+  const auto parsed = whole_number(limit);
+  const double value = parsed.value_or(-1);
+  if (value < 0) {
     throw UsageError("--" + flag + " '" + limit + "' is neither a fraction (0.25) nor a batch count (10).");
   }
   if (limit.find('.') != std::string::npos || limit.find('e') != std::string::npos) {
@@ -59,14 +55,9 @@ std::shared_ptr<DataLoader> stage_loader(std::shared_ptr<DataLoader> loader, con
 // Lightning's val_check_batch: validate after every this many training batches of an epoch.
 // "0.25" is a fraction of the epoch's `batches`, "10" a count; both must fit in the epoch.
 int64_t resolve_val_check_batch(const std::string& interval, int64_t batches) {
-  size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(interval, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (interval.empty() || used != interval.size() || !std::isfinite(value)) {
+  const auto parsed = whole_number(interval);
+  const double value = parsed.value_or(0);
+  if (!parsed || !std::isfinite(value)) {
     throw UsageError("--val-check-interval '" + interval +
                      "' is neither a fraction of the training epoch (0.25) nor a number of training batches (100).");
   }

@@ -112,14 +112,23 @@ std::vector<at::Tensor> one_process(const std::vector<at::Tensor>& init, const G
   return clone_all(ref->parameters());
 }
 
-TEST(SeparateDDP, GanTrainsAlternatelyAndReplicasStayIdentical) {
-  torch::set_num_threads(1);
+// 2 ranks of a GAN against one process on both ranks' rows: the starting point, the data and
+// the parameters every rank must end with.
+class SeparateDDPGan : public ::testing::Test {
+ protected:
+  void SetUp() override { torch::set_num_threads(1); }
+  // This rank's rows of step s.
+  at::Tensor real(int s, const ProcessGroup& g) const { return data.real[s].narrow(0, g.rank() * kPerRank, kPerRank); }
+  at::Tensor noise(int s, const ProcessGroup& g) const { return data.noise[s].narrow(0, g.rank() * kPerRank, kPerRank); }
+
   const int world = 2;
-  const auto init = initial_gan();
-  const GanData data(world * kPerRank);
-  const auto expected = one_process(init, data);
-  std::mutex mutex;
-  double worst_ref = 0, worst_ranks = -1;
+  const std::vector<at::Tensor> init = initial_gan();
+  const GanData data{world * kPerRank};
+  const std::vector<at::Tensor> expected = one_process(init, data);
+};
+
+TEST_F(SeparateDDPGan, GanTrainsAlternatelyAndReplicasStayIdentical) {
+  lockstep::testing::Worst worst_ref, worst_ranks;
   run_ranks(world, [&](ProcessGroup& g) {
     Gan gan;
     if (g.rank() == 0) copy_into(gan->parameters(), init);
@@ -134,11 +143,7 @@ TEST(SeparateDDP, GanTrainsAlternatelyAndReplicasStayIdentical) {
     EXPECT_EQ(A.ddp(), nullptr);
     auto opt_g = adam(G->parameters());
     auto opt_d = adam(D->parameters());
-    for (int s = 0; s < kSteps; ++s) {
-      const auto real = data.real[s].narrow(0, g.rank() * kPerRank, kPerRank);
-      const auto z = data.noise[s].narrow(0, g.rank() * kPerRank, kPerRank);
-      gan_step(G, A, D, *opt_g, *opt_d, real, z);
-    }
+    for (int s = 0; s < kSteps; ++s) gan_step(G, A, D, *opt_g, *opt_d, real(s, g), noise(s, g));
     double w = 0;
     EXPECT_TRUE(parameters_close(gan->parameters(), expected, kTolerance, parameter_names(*gan), &w)) << "rank " << g.rank();
     // Replicas: bit-identical across ranks.
@@ -147,22 +152,16 @@ TEST(SeparateDDP, GanTrainsAlternatelyAndReplicasStayIdentical) {
     const auto gathered = all_gather(g, torch::cat(flat));
     const double across = (gathered[0] - gathered[1]).abs().max().item<double>();
     EXPECT_EQ(across, 0.0) << "rank " << g.rank();
-    std::lock_guard<std::mutex> lock(mutex);
-    worst_ref = std::max(worst_ref, w);
-    worst_ranks = std::max(worst_ranks, across);
+    worst_ref.update(w);
+    worst_ranks.update(across);
   });
   std::cout << "[ separate_ddp GAN ] 2 ranks, " << kSteps << " alternating Adam steps: max |diff| vs one process "
-            << worst_ref << ", across ranks " << worst_ranks << "\n";
+            << worst_ref.value << ", across ranks " << worst_ranks.value << "\n";
 }
 
 // Children called directly, as a Trainer step does under --strategy ddp_separate: prepare_forward()
 // once per step, arm_for_backward(loss) before each backward arms only the parts the loss reaches.
-TEST(SeparateDDP, DirectCallsArmOnlyThePartsTheLossReaches) {
-  torch::set_num_threads(1);
-  const int world = 2;
-  const auto init = initial_gan();
-  const GanData data(world * kPerRank);
-  const auto expected = one_process(init, data);
+TEST_F(SeparateDDPGan, DirectCallsArmOnlyThePartsTheLossReaches) {
   lockstep::testing::Worst worst;
   run_ranks(world, [&](ProcessGroup& g) {
     Gan gan;
@@ -171,10 +170,8 @@ TEST(SeparateDDP, DirectCallsArmOnlyThePartsTheLossReaches) {
     auto opt_g = adam(gan->generator->parameters());
     auto opt_d = adam(gan->discriminator->parameters());
     for (int s = 0; s < kSteps; ++s) {
-      const auto real = data.real[s].narrow(0, g.rank() * kPerRank, kPerRank);
-      const auto z = data.noise[s].narrow(0, g.rank() * kPerRank, kPerRank);
       sep.prepare_forward();
-      gan_step(gan->generator, gan->activation, gan->discriminator, *opt_g, *opt_d, real, z,
+      gan_step(gan->generator, gan->activation, gan->discriminator, *opt_g, *opt_d, real(s, g), noise(s, g),
                [&](const at::Tensor& loss) { sep.arm_for_backward(loss); });
     }
     double w = 0;
