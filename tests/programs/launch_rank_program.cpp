@@ -1,10 +1,12 @@
 // A training-program stand-in for the in-process launcher tests:
 //   launch_rank_program DIR subprocess|fork NPROC [fail=R:C] [sleep=R:MS] [exit_timeout=MS]
-//                       [grace=MS] [thread_first] [marker...]
+//                       [grace=MS] [thread_first] [scrub] [marker...]
 // Launches with SubprocessLauncher or ForkLauncher, then every rank writes DIR/rank.<RANK>
 // (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, PID, PPID, ARGS), sleeps when asked,
 // writes DIR/done.<RANK> and exits (with C when asked). thread_first starts a thread before
-// launching; a LaunchError is written to DIR/error and exits 2.
+// launching; a LaunchError is written to DIR/error and exits 2. scrub overwrites the words after
+// it with 'x' in place before launching (as a program hiding a secret would); START_ARGS is argv
+// as the rank started.
 #include <lockstep/launchers/fork_launcher.h>
 #include <lockstep/launchers/launch_error.h>
 #include <lockstep/launchers/subprocess_launcher.h>
@@ -50,6 +52,15 @@ int main(int argc, char** argv) {
   const std::string kind = argv[2];
   auto options = LaunchOptions().nproc_per_node(std::atoi(argv[3]));
   bool thread_first = false;
+  std::string start_args;
+  for (int i = 0; i < argc; ++i) start_args += std::string(i > 0 ? " " : "") + argv[i];
+  bool scrubbing = false;
+  for (int i = 4; i < argc; ++i) {
+    if (scrubbing) {
+      for (char* c = argv[i]; *c != '\0'; ++c) *c = 'x';
+    }
+    if (std::string(argv[i]) == "scrub") scrubbing = true;
+  }
   for (int i = 4; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind("exit_timeout=", 0) == 0) {
@@ -97,7 +108,7 @@ int main(int argc, char** argv) {
                  env("WORLD_SIZE") + "\nMASTER_ADDR=" + env("MASTER_ADDR") + "\nMASTER_PORT=" +
                  env("MASTER_PORT") + "\nPID=" + std::to_string(::getpid()) + "\nPPID=" +
                  std::to_string(::getppid()) + "\nLAUNCHER=" + launcher->name() + "\nARGS=" +
-                 args + "\n");
+                 args + "\nSTART_ARGS=" + start_args + "\n");
   std::string value;
   for (int i = 4; i < argc; ++i) {
     const std::string arg = argv[i];

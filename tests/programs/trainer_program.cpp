@@ -1,9 +1,18 @@
 // A Trainer run driven by the Trainer flags, for the multi-process Trainer tests and the
 // bad-input table: trains tests/support/regression.h's model and writes each rank's parameters.
 //   trainer_program [trainer flags] --out DIR [--batch-size B] [--adam] [--save PATH] [--val] [--csv-logger]
+//                   [--fail-on-rank R] [--pause-ms MS]
 // With --val it also validates (32 examples) and writes each rank's validation count. With
-// --csv-logger every rank adds its own CSVLogger under --default-root-dir, as a user might.
+// --csv-logger every rank adds its own CSVLogger under --default-root-dir, as a user might. With
+// --fail-on-rank R, rank R throws after its first training batch (an error in a training step).
+// With --pause-ms, every rank writes its pid to DIR/paused.<rank> after its first batch and
+// sleeps that long (a live job for tests to inspect).
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
 #include <fstream>
+#include <thread>
 
 #include <lockstep/cli/guarded_main.h>
 #include <lockstep/cli/trainer_flags.h>
@@ -23,6 +32,33 @@ struct CountValidations : lockstep::Callback {
   int64_t count = 0;
 };
 
+// Throws on one rank after its first training batch.
+struct FailOnRank : lockstep::Callback {
+  explicit FailOnRank(int rank) : rank(rank) {}
+  std::string name() const override { return "FailOnRank"; }
+  void on_train_batch_end(lockstep::Trainer& trainer, lockstep::TrainingModule&, const torch::Tensor&,
+                          int64_t) override {
+    if (trainer.strategy().global_rank() == rank) throw std::runtime_error("rank " + std::to_string(rank) + " fails on purpose");
+  }
+  int rank;
+};
+
+// Pauses every rank once, after its first training batch, announcing it in a file.
+struct PauseOnce : lockstep::Callback {
+  PauseOnce(std::string out, int ms) : out(std::move(out)), ms(ms) {}
+  std::string name() const override { return "PauseOnce"; }
+  void on_train_batch_end(lockstep::Trainer& trainer, lockstep::TrainingModule&, const torch::Tensor&,
+                          int64_t batch_idx) override {
+    if (batch_idx != 0 || trainer.current_epoch() != 0) return;
+    const std::string file = out + "/paused." + std::to_string(trainer.strategy().global_rank());
+    { std::ofstream(file + ".partial") << ::getpid() << "\n"; }
+    std::rename((file + ".partial").c_str(), file.c_str());
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  }
+  std::string out;
+  int ms;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -33,12 +69,15 @@ int main(int argc, char** argv) {
     std::string out, save;
     int64_t batch_size = 8;
     bool adam = false, validate = false, csv_logger = false;
+    int fail_on_rank = -1, pause_ms = 0;
     app.add_option("--out", out)->required();
     app.add_option("--batch-size", batch_size);
     app.add_option("--save", save);
     app.add_flag("--adam", adam);
     app.add_flag("--val", validate);
     app.add_flag("--csv-logger", csv_logger);
+    app.add_option("--fail-on-rank", fail_on_rank);
+    app.add_option("--pause-ms", pause_ms);
     const int parsed = lockstep::cli::parse_or_exit_code(app, argc, argv);
     if (parsed >= 0) return parsed;
     torch::set_num_threads(1);
@@ -50,6 +89,8 @@ int main(int argc, char** argv) {
       trainer.add_logger(std::make_shared<lockstep::loggers::CSVLogger>(
           lockstep::loggers::LoggerOptions(options.default_root_dir())));
     }
+    if (fail_on_rank >= 0) trainer.add_callback(std::make_shared<FailOnRank>(fail_on_rank));
+    if (pause_ms > 0) trainer.add_callback(std::make_shared<PauseOnce>(out, pause_ms));
     auto validations = std::make_shared<CountValidations>();
     std::shared_ptr<lockstep::DataLoader> val;
     if (validate) {

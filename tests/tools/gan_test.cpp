@@ -93,5 +93,18 @@ TEST(GanExample, OneDDPAroundTheWholeGanFailsAndNamesTheFix) {
   EXPECT_NE(result.err.find("use --strategy ddp_separate"), std::string::npos) << result.err;
 }
 
+// The GAN holds its BatchNorms in typed members, which convert_sync_batchnorm cannot rebind:
+// --sync-batchnorm true is refused at setup, naming the layers and the fix, before any step.
+TEST(GanExample, SyncBatchNormWithTypedMembersIsRefusedAtSetup) {
+  testing::TempDir dir("lockstep_gan");
+  const auto result = run_gan(dir.path(), {"--sync-batchnorm", "true"});
+  EXPECT_EQ(result.exit_code, 2) << result.err << result.out;
+  EXPECT_NE(result.err.find("--sync-batchnorm true cannot convert the BatchNorm layer(s) 'generator.bn0', "
+                            "'generator.bn1', 'discriminator.bn2'"),
+            std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("Declare those members as lockstep::distributed::SyncBatchNorm"), std::string::npos)
+      << result.err;
+}
+
 }  // namespace
 }  // namespace lockstep

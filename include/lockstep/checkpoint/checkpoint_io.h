@@ -41,9 +41,10 @@ class CheckpointIO {
   virtual ~CheckpointIO() = default;
 
   /// Writes `checkpoint` (a dict with string keys) to `path`, creating missing parent
-  /// directories. Atomic: the bytes go to `<path>.tmp.<pid>`, which is fsync'ed, renamed over
-  /// `path`, and the directory fsync'ed; on any failure the previous file at `path` is left as it
-  /// was, the temporary file is removed, and std::system_error says what failed.
+  /// directories. Atomic: the bytes go to a new `<path>.tmp.XXXXXX` (created exclusively, so never
+  /// a name or symlink planted in a shared directory), which is fsync'ed, renamed over `path`, and
+  /// the directory fsync'ed; on any failure the previous file at `path` is left as it was, the
+  /// temporary file is removed, and std::system_error says what failed.
   virtual void save(const c10::IValue& checkpoint, const std::string& path) const;
 
   /// Reads a checkpoint written by save(). The zip records' CRC32s are verified (LibTorch's

@@ -37,8 +37,9 @@ class ProcessGroup {
  public:
   /// Rendezvous through a TCPStore hosted by rank 0 at main_address:main_port, then create the
   /// backend. With use_agent_store, every rank instead joins the store torchrun's agent hosts
-  /// there, under "/worker/attempt_<restart_count>". Fails with DistributedError after `timeout`
-  /// if some rank (or the agent's store) never answers.
+  /// there, under "/worker/attempt_<restart_count>"; with store_file, the ranks meet in that file
+  /// and Gloo binds to loopback (a job on one machine). Fails with DistributedError after
+  /// `timeout` if some rank (or the agent's store) never answers.
   static std::shared_ptr<ProcessGroup> init(const ProcessGroupOptions& options);
   /// Join through an existing store (an in-memory c10d::HashStore for ranks running as threads
   /// in one process, in tests).
@@ -87,7 +88,7 @@ class ProcessGroup {
   std::map<std::string, int64_t> barrier_generations_;
 };
 
-/// The backends this LibTorch can create, e.g. {"gloo"} on Debian's CPU build.
+/// The backends this build can create: {"gloo"} (NCCL comes with the CUDA build).
 std::vector<std::string> available_backends();
 
 }  // namespace distributed

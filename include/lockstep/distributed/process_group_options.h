@@ -34,6 +34,11 @@ struct ProcessGroupOptions {
   /// agent's store, as in PyTorch, so that workers the agent restarted never read the keys of
   /// the attempt before. Default: 0 (TORCHELASTIC_RESTART_COUNT).
   TORCH_ARG(int, restart_count) = 0;
+  /// A job on one machine: the ranks meet in this file (a c10d FileStore, in a folder only this
+  /// user can open) instead of a TCPStore, and Gloo binds to loopback, so the job listens on no
+  /// network interface (LibTorch 1.13's TCPStore listens on all of them, whatever main_address
+  /// says). The in-process launchers set it (LOCKSTEP_STORE_FILE). Default: "" (TCPStore).
+  TORCH_ARG(std::string, store_file) = "";
   /// `gloo` (CPU), `nccl` (CUDA) or `mpi`; the latter two need a LibTorch built with them.
   /// Default: "gloo".
   TORCH_ARG(std::string, backend) = "gloo";

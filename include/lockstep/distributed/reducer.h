@@ -120,6 +120,7 @@ class Reducer {
   struct Bucket;
 
   void connect_shared_memory();
+  void say_once_why_not_shared_memory() const;
   void build_buckets(const std::vector<std::vector<size_t>>& assignment);
   std::unique_ptr<GradBucket> make_grad_bucket(size_t b, const at::Tensor& buffer) const;
   void finish_step();
@@ -133,6 +134,8 @@ class Reducer {
   void write_back();
   void rebuild_buckets();
   void find_unused(const std::vector<at::Tensor>& outputs);
+  bool searches_usage() const;
+  [[noreturn]] void refuse_second_backward(size_t index);
   std::string bucket_name(size_t bucket) const;
   [[noreturn]] void fail(const std::string& message);
   std::chrono::nanoseconds since_start() const;
@@ -152,6 +155,7 @@ class Reducer {
   mutable std::mutex mutex_;
   bool expect_hooks_ = false;
   bool backward_started_ = false;
+  bool synchronised_backward_done_ = false;  // until the next forward: another backward is an error
   std::vector<bool> ready_;
   size_t next_to_launch_ = 0;
   std::string failure_;

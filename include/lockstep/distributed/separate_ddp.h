@@ -45,6 +45,11 @@ inline std::vector<at::Tensor> to_device(const std::vector<at::Tensor>& tensors,
 
 }  // namespace detail
 
+/// SeparateDDP's defaults: DDPOptions' own, but without broadcast_buffers, as MMEditing's
+/// DistributedDataParallelWrapper (the per-submodule wrapper SeparateDDP follows) defaults to:
+/// each rank keeps its own BatchNorm running statistics.
+inline DDPOptions separate_ddp_options() { return DDPOptions().broadcast_buffers(false); }
+
 /// One child of a SeparateDDP, typed: forward() moves tensor arguments to the process's device
 /// and runs the child's own forward through its DistributedDataParallel (or directly, for a
 /// child without parameters, which has none).
@@ -95,14 +100,14 @@ class SeparateDDPChild {
 ///
 /// One device per process (`device_ids` holds at most one; empty: the device of the module's
 /// parameters, else CPU). Parameters registered on the root itself would belong to no DDP, and
-/// are an error. Defaults: see DDPOptions (applied to every child).
+/// are an error. Defaults: separate_ddp_options() (applied to every child).
 class SeparateDDP {
  public:
-  SeparateDDP(std::shared_ptr<torch::nn::Module> module, ProcessGroup& group, DDPOptions options = {},
-              std::vector<c10::Device> device_ids = {});
+  SeparateDDP(std::shared_ptr<torch::nn::Module> module, ProcessGroup& group,
+              DDPOptions options = separate_ddp_options(), std::vector<c10::Device> device_ids = {});
   template <typename ModuleType>
-  SeparateDDP(const torch::nn::ModuleHolder<ModuleType>& module, ProcessGroup& group, DDPOptions options = {},
-              std::vector<c10::Device> device_ids = {})
+  SeparateDDP(const torch::nn::ModuleHolder<ModuleType>& module, ProcessGroup& group,
+              DDPOptions options = separate_ddp_options(), std::vector<c10::Device> device_ids = {})
       : SeparateDDP(module.ptr(), group, std::move(options), std::move(device_ids)) {}
 
   /// Child `name` as a forward callable of its own type (the Impl class); throws

@@ -58,6 +58,10 @@ class SharedMemoryAllreduce {
 
   int64_t bytes_per_rank() const;
 
+  /// Marks this rank as gone from the reduction (also done by the destructor): peers waiting for
+  /// it fail at once, naming it, instead of waiting out the timeout. Its own later calls fail.
+  void leave();
+
  private:
   struct Segment;
   struct Job {
@@ -72,6 +76,7 @@ class SharedMemoryAllreduce {
   void run();
   void reduce(const Job& job);
   void barrier(const char* phase);
+  void check_same_job();
   [[noreturn]] void fail_all(const std::string& what);
   template <typename T>
   std::vector<T*> slots_of(int64_t offset) const;
@@ -91,6 +96,12 @@ class SharedMemoryAllreduce {
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };
+
+namespace detail {
+/// For tests of a peer that dies inside a barrier: the next time this process is the last to
+/// arrive at a barrier, it exits (_exit(0)) after arriving and before releasing the others.
+void die_after_arriving_last();
+}  // namespace detail
 
 }  // namespace distributed
 }  // namespace lockstep

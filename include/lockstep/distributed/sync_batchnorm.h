@@ -92,6 +92,10 @@ namespace detail {
 /// Throws std::logic_error if a BatchNorm that convert_sync_batchnorm replaced in `module` has
 /// run forward in training mode since, i.e. the model bypasses its SyncBatchNorm.
 void check_replaced_batchnorms_unused(const torch::nn::Module& module);
+/// The names of the BatchNorms that convert_sync_batchnorm replaced in `module` but that
+/// something outside the module tree still holds: a typed member such as
+/// `torch::nn::BatchNorm2d bn;`, whose forward would bypass the SyncBatchNorm.
+std::vector<std::string> replaced_batchnorms_still_held(const torch::nn::Module& module);
 }  // namespace detail
 
 }  // namespace distributed

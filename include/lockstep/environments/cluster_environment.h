@@ -68,6 +68,9 @@ class ClusterEnvironment {
   /// How many times the launcher has restarted the workers; with use_agent_store() the ranks of
   /// each attempt meet under their own keys. Default: 0.
   virtual int restart_count() const { return 0; }
+  /// The rendezvous file of a job on one machine (see ProcessGroupOptions::store_file), or ""
+  /// for a TCPStore at main_address():main_port(). Default: "".
+  virtual std::string store_file() const { return ""; }
   /// What ProcessGroup::init needs to join this job's ranks: rank, world size, main address and
   /// port, and the launcher's store where it hosts one. Backend and timeout stay at their defaults.
   distributed::ProcessGroupOptions process_group_options() const;

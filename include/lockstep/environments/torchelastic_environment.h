@@ -38,6 +38,8 @@ class TorchElasticEnvironment : public ClusterEnvironment {
   int node_rank() const override { return node_rank_; }
   bool use_agent_store() const override { return use_agent_store_; }
   int restart_count() const override { return restart_count_; }
+  /// LOCKSTEP_STORE_FILE, which Lockstep's launchers set for a job on one machine.
+  std::string store_file() const override { return store_file_; }
   /// Number of workers torchrun started on this node (LOCAL_WORLD_SIZE).
   int local_world_size() const { return local_world_size_; }
 
@@ -55,6 +57,7 @@ class TorchElasticEnvironment : public ClusterEnvironment {
   int node_rank_ = 0;
   bool use_agent_store_ = false;
   int restart_count_ = 0;
+  std::string store_file_;
 };
 
 }  // namespace environments

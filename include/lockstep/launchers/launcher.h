@@ -19,5 +19,13 @@ class Launcher {
   virtual void launch() = 0;
 };
 
+/// For local rank 0 of a job this process launched (subprocess or fork launcher), when it fails
+/// itself: terminates the other workers within a second instead of waiting for them at exit,
+/// without blaming them, and makes `exit_code` the job's code (unless a worker failed first: then
+/// that worker is reported and its code is the job's). Returns the job's code; returns
+/// `exit_code` and does nothing in a process that launched no job, or in a worker.
+/// `cli::guarded_main` and `Trainer::fit` call it.
+int end_launched_job(int exit_code);
+
 }  // namespace launchers
 }  // namespace lockstep

@@ -61,6 +61,11 @@ class DDPStrategy : public Strategy {
   /// The wrapper configure_ddp returned (null before setup_module).
   const std::shared_ptr<distributed::DistributedDataParallelBase>& ddp() const { return ddp_; }
 
+ protected:
+  /// With sync_batchnorm: converts the module's BatchNorms, or throws UsageError naming those
+  /// held by typed members, which the conversion cannot reach.
+  void convert_sync_batchnorm(const std::shared_ptr<TrainingModule>& module);
+
  private:
   distributed::DDPOptions ddp_options_;
   std::string start_method_;

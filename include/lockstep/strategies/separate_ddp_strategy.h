@@ -22,7 +22,8 @@ namespace strategies {
 ///   opt_d->zero_grad(); manual_backward(d_loss); opt_d->step();   // reduces the discriminator only
 class SeparateDDPStrategy : public DDPStrategy {
  public:
-  explicit SeparateDDPStrategy(distributed::DDPOptions options = {}, std::string start_method = "popen");
+  explicit SeparateDDPStrategy(distributed::DDPOptions options = distributed::separate_ddp_options(),
+                               std::string start_method = "popen");
 
   void setup_module(const std::shared_ptr<TrainingModule>& module) override;
   void teardown() override;

@@ -11,6 +11,7 @@
 
 #include <lockstep/callbacks/callback.h>
 #include <lockstep/callbacks/profiler.h>
+#include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/core/data_loader.h>
 #include <lockstep/core/training_module.h>
 #include <lockstep/strategies/strategy.h>
@@ -54,6 +55,10 @@ class Trainer {
   Profiler* profiler() const { return profiler_.get(); }
   /// Replaces the default CSV logger; call once per logger.
   void add_logger(std::shared_ptr<Logger> logger);
+  /// Where checkpoints are saved, loaded and removed (Lightning's `plugins=[checkpoint_io]`): every
+  /// save_checkpoint, resume and ModelCheckpoint file goes through it. Default: CheckpointIO.
+  void set_checkpoint_io(std::shared_ptr<checkpoint::CheckpointIO> io);
+  checkpoint::CheckpointIO& checkpoint_io() const { return *checkpoint_io_; }
 
   void fit(const std::shared_ptr<TrainingModule>& module, const std::shared_ptr<DataLoader>& train,
            const std::shared_ptr<DataLoader>& val = nullptr);
@@ -109,6 +114,8 @@ class Trainer {
   void manual_backward(const torch::Tensor& loss);
 
  private:
+  void run_fit(const std::shared_ptr<TrainingModule>& module, const std::shared_ptr<DataLoader>& train,
+               const std::shared_ptr<DataLoader>& val);
   void setup(const std::shared_ptr<TrainingModule>& module);
   void attach_sampler(DataLoader& loader, bool shuffle);
   void restore(const std::string& ckpt_path);
@@ -133,6 +140,7 @@ class Trainer {
   std::shared_ptr<strategies::Strategy> user_strategy_;
   std::vector<std::shared_ptr<Callback>> callbacks_;
   std::vector<std::shared_ptr<Logger>> loggers_;
+  std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io_;
   bool loggers_set_by_user_ = false;
   std::string log_dir_;
 

@@ -36,7 +36,8 @@ struct TrainerOptions {
   TORCH_ARG(double, gradient_clip_val) = 0.0;
   /// norm|value. Default: "norm".
   TORCH_ARG(std::string, gradient_clip_algorithm) = "norm";
-  /// Seed for every random generator; -1 leaves them unseeded. Default: -1.
+  /// Seed for every random generator, applied at fit() (the --seed flag applies it when parsed,
+  /// before the model is built); -1 leaves them unseeded. Default: -1.
   TORCH_ARG(int64_t, seed) = -1;
   /// Deterministic algorithms only, so equal flags give equal bits. Default: false.
   TORCH_ARG(bool, deterministic) = false;
@@ -71,7 +72,9 @@ struct TrainerOptions {
   TORCH_ARG(std::string, process_group_backend) = "";
   /// Seconds any collective may block before it fails, naming itself. Default: 1800.
   TORCH_ARG(double, timeout) = 1800.0;
-  /// cudnn.benchmark (CUDA builds only). Default: false.
+  /// The value fit() gives LibTorch's cudnn.benchmark flag (at::globalContext().benchmarkCuDNN):
+  /// cuDNN times and picks convolution algorithms on CUDA; no effect on the CPU (a note says
+  /// so). Default: false.
   TORCH_ARG(bool, benchmark) = false;
   /// Print the time spent per hook and loop phase at the end of fit. Default: false.
   TORCH_ARG(bool, profiler) = false;

@@ -82,6 +82,10 @@ std::string parse_accelerator(const std::string& spec, int cuda_device_count) {
       {"ipu", "IPUs need Graphcore's poptorch, a Python package"},
       {"hpu", "HPUs need Habana's Python bridge"},
       {"ddp2", "ddp2 was removed from Lightning 1.7; it is a strategy, not an accelerator"},
+      {"ddp", "ddp is a strategy (Lightning 1.x took it as an accelerator)"},
+      {"ddp_cpu", "ddp_cpu is a strategy on CPU processes (Lightning 1.x took it as an accelerator)"},
+      {"ddp_spawn", "ddp_spawn is a strategy (Lightning 1.x took it as an accelerator)"},
+      {"dp", "dp is a strategy (Lightning 1.x took it as an accelerator)"},
       {"horovod", "Horovod is a strategy, not an accelerator, and Lockstep uses c10d instead"},
   };
   const std::string name = lower(trim(spec));
@@ -99,7 +103,7 @@ std::string parse_accelerator(const std::string& spec, int cuda_device_count) {
   if (it != not_for_libtorch.end()) {
     throw UsageError("--accelerator " + spec + " does not apply to LibTorch: " + it->second +
                      ". Use --accelerator cpu, cuda or auto" +
-                     (name == "ddp2" || name == "horovod" ? " and --strategy ddp." : "."));
+                     (name.rfind("ddp", 0) == 0 || name == "dp" || name == "horovod" ? " and --strategy ddp." : "."));
   }
   throw UsageError("--accelerator '" + spec + "' is unknown. Use auto, cpu, cuda or gpu.");
 }

@@ -238,7 +238,7 @@ void ModelCheckpoint::save_topk(Trainer& trainer, bool epoch_end) {
     throw std::runtime_error(decision.error);
   }
   if (!decision.save.empty()) save(trainer, decision.save);
-  if (!decision.remove.empty() && trainer.is_global_zero()) checkpoint::CheckpointIO().remove(decision.remove);
+  if (!decision.remove.empty() && trainer.is_global_zero()) trainer.checkpoint_io().remove(decision.remove);
 }
 
 // Rank 0's decision and resulting state on every rank (rank 0 alone ran decide_topk).
@@ -379,7 +379,7 @@ void ModelCheckpoint::save_last(Trainer& trainer) {
   for (const auto& entry : best_k_models_) {
     if (entry.first == previous) return;
   }
-  checkpoint::CheckpointIO().remove(previous);
+  trainer.checkpoint_io().remove(previous);
 }
 
 c10::IValue ModelCheckpoint::state_dict() const {

@@ -1,6 +1,7 @@
 #include <lockstep/checkpoint/checkpoint_io.h>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,13 +36,18 @@ const char* const kResumeHint =
                               "directory is writable and the disk has space");
 }
 
-// Removes the temporary file unless the rename consumed it, so no failure leaves one behind.
+// A new file `<target>.tmp.XXXXXX` beside the target, created exclusively (mkostemp: O_EXCL, so
+// a name planted in a shared directory, symlink or not, is never opened). Removed unless the
+// rename consumed it, so no failure leaves one behind; a file it did not create is never removed.
 class TemporaryFile {
  public:
-  explicit TemporaryFile(std::string path) : path_(std::move(path)) {}
+  explicit TemporaryFile(const std::string& target) : path_(target + ".tmp.XXXXXX") {
+    fd_ = ::mkostemp(path_.data(), O_CLOEXEC);
+    created_ = fd_ >= 0;
+  }
   ~TemporaryFile() {
     if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(path_.c_str());
+    if (created_ && !committed_) ::unlink(path_.c_str());
   }
   TemporaryFile(const TemporaryFile&) = delete;
   TemporaryFile& operator=(const TemporaryFile&) = delete;
@@ -52,6 +58,7 @@ class TemporaryFile {
  private:
   std::string path_;
   int fd_ = -1;
+  bool created_ = false;
   bool committed_ = false;
 };
 
@@ -78,9 +85,10 @@ void write_atomically(const std::vector<char>& bytes, const std::string& path) {
   std::error_code error;
   fs::create_directories(dir, error);
   if (error) fail_write(path, "creating directory '" + dir.string() + "'", error.value());
-  TemporaryFile temp(path + ".tmp." + std::to_string(::getpid()));
-  temp.fd() = ::open(temp.path().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  TemporaryFile temp(path);
   if (temp.fd() < 0) fail_write(path, "creating " + temp.path(), errno);
+  // mkostemp makes it 0600; a checkpoint is as readable as the files torch.save writes.
+  if (::fchmod(temp.fd(), 0644) != 0) fail_write(path, "setting the permissions of " + temp.path(), errno);
   write_all(temp.fd(), bytes.data(), bytes.size(), path, temp.path());
   if (::fsync(temp.fd()) != 0) fail_write(path, "syncing " + temp.path(), errno);
   const int fd = temp.fd();

@@ -93,8 +93,11 @@ std::string read_entry(const Bytes& bytes, uint64_t pos, Entry& entry) {
   entry.name.assign(reinterpret_cast<const char*>(bytes.at(pos + 46)), name_length);
   // Zip64 sizes and offsets sit in extra field 0x0001, in this order, only where the 32-bit
   // field holds its all-ones marker.
-  for (uint64_t extra = pos + 46 + name_length; extra + 4 <= pos + 46 + name_length + extra_length;) {
+  const uint64_t extra_end = pos + 46 + name_length + extra_length;
+  for (uint64_t extra = pos + 46 + name_length; extra + 4 <= extra_end;) {
     const uint64_t id = bytes.le(extra, 2), length = bytes.le(extra + 2, 2);
+    // A field must fit in the entry's extra area: its length is the archive's word, not a bound.
+    if (extra + 4 + length > extra_end) return "record " + entry.name + " has a damaged zip64 field";
     uint64_t field = extra + 4;
     if (id == kZip64ExtraId) {
       for (uint64_t* value : {&uncompressed_size, &entry.compressed_size, &entry.local_offset}) {

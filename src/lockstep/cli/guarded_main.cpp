@@ -8,11 +8,14 @@
 #include <lockstep/distributed/process_group.h>
 #include <lockstep/environments/cluster_environment.h>
 #include <lockstep/launchers/launch_error.h>
+#include <lockstep/launchers/launcher.h>
 
 namespace lockstep {
 namespace cli {
 
-int guarded_main(const std::string& program, const std::function<int()>& body) {
+namespace {
+
+int run_guarded(const std::string& program, const std::function<int()>& body) {
   try {
     return body();
   } catch (const UsageError& e) {
@@ -32,6 +35,14 @@ int guarded_main(const std::string& program, const std::function<int()>& body) {
     return 1;
   }
   return 2;
+}
+
+}  // namespace
+
+int guarded_main(const std::string& program, const std::function<int()>& body) {
+  const int code = run_guarded(program, body);
+  // Local rank 0 of a job it launched: its own failure ends the job now, with its code.
+  return code == 0 ? 0 : launchers::end_launched_job(code);
 }
 
 }  // namespace cli

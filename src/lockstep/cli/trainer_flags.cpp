@@ -3,6 +3,12 @@
 #include <algorithm>
 #include <cctype>
 #include <iostream>
+#include <string>
+#include <vector>
+
+#include <lockstep/core/seed.h>
+
+extern char** environ;
 
 namespace lockstep {
 namespace cli {
@@ -19,6 +25,78 @@ std::string variable_for(const std::string& flag) {
 template <typename T>
 CLI::Option* add(CLI::App& app, const std::string& flag, T& value, const std::string& help) {
   return app.add_option(flag, value, help)->envname(variable_for(flag))->capture_default_str();
+}
+
+// Flags of Lightning 1.x that users still type: refused with what replaced them.
+void add_retired_flags(CLI::App& app) {
+  const std::pair<const char*, const char*> retired[] = {
+      {"--gpus", "Lightning 1.7 replaced it: use --accelerator cuda --devices N"},
+      {"--tpu-cores", "TPUs need torch_xla, which has no C++ frontend: use --accelerator cpu or cuda with --devices N"},
+      {"--num-processes", "Lightning 1.7 replaced it: use --accelerator cpu --devices N --strategy ddp"},
+  };
+  for (const auto& [flag, why] : retired) {
+    const std::string name = flag, reason = why;
+    app.add_option_function<std::string>(name, [name, reason](const std::string&) {
+         throw CLI::ValidationError(name, reason);
+       })
+        ->group("");  // hidden from --help
+  }
+}
+
+// Edit distance between two words (insertions, deletions, substitutions).
+size_t distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t substituted = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
+      diagonal = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, substituted});
+    }
+  }
+  return row[b.size()];
+}
+
+// The closest of `known` to `given`, if it is close enough to be a typo; else "".
+std::string nearest(const std::string& given, const std::vector<std::string>& known) {
+  std::string best;
+  size_t best_distance = std::max<size_t>(2, given.size() / 3) + 1;
+  for (const auto& name : known) {
+    const size_t d = distance(given, name);
+    if (d < best_distance) {
+      best = name;
+      best_distance = d;
+    }
+  }
+  return best;
+}
+
+// Every option of `app` and its option groups: its long names ("--max-epochs") and variables.
+void collect_names(const CLI::App& app, std::vector<std::string>* flags, std::vector<std::string>* variables) {
+  for (const CLI::Option* option : app.get_options()) {
+    for (const auto& name : option->get_lnames()) flags->push_back("--" + name);
+    if (!option->get_envname().empty()) variables->push_back(option->get_envname());
+  }
+  for (const CLI::App* group : app.get_subcommands([](const CLI::App* sub) { return sub->get_name().empty(); })) {
+    collect_names(*group, flags, variables);
+  }
+}
+
+std::string short_name(const std::string& name) { return name.substr(name.find_last_of('/') + 1); }
+
+// A LOCKSTEP_TRAINER_* variable that no flag reads would be ignored without a word.
+void warn_about_unknown_variables(const std::string& program, const std::vector<std::string>& variables) {
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const std::string text = *entry;
+    const std::string name = text.substr(0, text.find('='));
+    if (name.rfind("LOCKSTEP_TRAINER_", 0) != 0) continue;
+    if (std::find(variables.begin(), variables.end(), name) != variables.end()) continue;
+    const std::string near = nearest(name, variables);
+    std::cerr << program << ": warning: " << name << " matches no flag and is ignored"
+              << (near.empty() ? "" : "; did you mean " + near + "?") << "\n";
+  }
 }
 
 }  // namespace
@@ -41,7 +119,17 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
   add(g, "--gradient-clip-val", o.gradient_clip_val(), "clip gradients to this norm or value (0: off)")
       ->check(CLI::Range(0.0, 1e12));
   add(g, "--gradient-clip-algorithm", o.gradient_clip_algorithm(), "norm|value")->check(CLI::IsMember({"norm", "value"}));
-  add(g, "--seed", o.seed(), "seed for every random generator (-1: unseeded)")
+  // Seeded as soon as the flag is read, so that a model built before fit() starts from the
+  // same weights every run (LightningCLI seeds before it instantiates anything).
+  g.add_option_function<int64_t>(
+       "--seed",
+       [&o](const int64_t& seed) {
+         o.seed(seed);
+         if (seed >= 0) seed_everything(static_cast<uint64_t>(seed));
+       },
+       "seed for every random generator, applied when the flags are read (-1: unseeded)")
+      ->envname(variable_for("--seed"))
+      ->default_str(std::to_string(o.seed()))
       ->check(CLI::Range(int64_t{-1}, std::numeric_limits<int64_t>::max()));
   add(g, "--deterministic", o.deterministic(), "true|false: deterministic algorithms only");
   add(g, "--default-root-dir", o.default_root_dir(), "where logs and checkpoints go");
@@ -61,17 +149,34 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
   add(g, "--enable-progress-bar", o.enable_progress_bar(), "true|false");
   add(g, "--enable-checkpointing", o.enable_checkpointing(), "true|false");
   add(g, "--use-distributed-sampler", o.use_distributed_sampler(), "true|false");
-  add(g, "--process-group-backend", o.process_group_backend(), "gloo|nccl|mpi (default: gloo on cpu)");
+  add(g, "--process-group-backend", o.process_group_backend(), "gloo (the backends this build can create)");
   add(g, "--timeout", o.timeout(), "seconds a collective may block before it fails")
       ->check(CLI::Range(0.001, 1e9));
-  add(g, "--benchmark", o.benchmark(), "true|false: cudnn.benchmark (CUDA only)");
+  add(g, "--benchmark", o.benchmark(), "true|false: cudnn.benchmark (CUDA; no effect on the CPU)");
   add(g, "--profiler", o.profiler(), "true|false: print time per hook at the end");
+  add_retired_flags(app);
 }
 
 int parse_or_exit_code(CLI::App& app, int argc, char** argv) {
+  std::vector<std::string> flags, variables;
+  collect_names(app, &flags, &variables);
+  const std::string program = short_name(app.get_name().empty() && argc > 0 ? argv[0] : app.get_name());
   try {
     app.parse(argc, argv);
+    warn_about_unknown_variables(program, variables);
     return -1;
+  } catch (const CLI::ExtrasError& e) {
+    for (const auto& word : app.remaining()) {
+      if (word.rfind("--", 0) != 0) continue;
+      const std::string flag = word.substr(0, word.find('='));
+      const std::string near = nearest(flag, flags);
+      std::cerr << program << ": error: unknown flag " << flag << (near.empty() ? "" : "; did you mean " + near + "?")
+                << "\n" << program << ": run '" << program << " --help' for the flags and their values.\n";
+      return 2;
+    }
+    std::cerr << program << ": error: " << e.what() << "\n"
+              << program << ": run '" << program << " --help' for the flags and their values.\n";
+    return 2;
   } catch (const CLI::CallForHelp&) {
     std::cout << app.help();
     return 0;
@@ -79,8 +184,8 @@ int parse_or_exit_code(CLI::App& app, int argc, char** argv) {
     std::cout << app.help("", CLI::AppFormatMode::All);
     return 0;
   } catch (const CLI::ParseError& e) {
-    std::cerr << app.get_name() << ": error: " << e.what() << "\n"
-              << app.get_name() << ": run '" << app.get_name() << " --help' for the flags and their values.\n";
+    std::cerr << program << ": error: " << e.what() << "\n"
+              << program << ": run '" << program << " --help' for the flags and their values.\n";
     return 2;
   }
 }

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -38,11 +39,10 @@ void validate(const ProcessGroupOptions& o) {
   }
   const auto backends = available_backends();
   if (std::find(backends.begin(), backends.end(), o.backend()) == backends.end()) {
-    std::string hint = o.backend() == "nccl" || o.backend() == "mpi"
-                           ? " This LibTorch was built without it (Debian's libtorch is CPU-only, with gloo)."
-                           : "";
-    throw DistributedError("process group backend '" + o.backend() + "' is not available." + hint +
-                           " Use --process-group-backend gloo.");
+    std::string names;
+    for (const auto& b : backends) names += (names.empty() ? "" : ", ") + b;
+    throw DistributedError("process group backend '" + o.backend() + "' is not available: this build of Lockstep "
+                           "can create " + names + ". Use --process-group-backend " + backends.front() + ".");
   }
 }
 
@@ -74,14 +74,9 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_backend(const c10::intrusive_ptr<c10
 }  // namespace
 
 std::vector<std::string> available_backends() {
-  std::vector<std::string> names{"gloo"};
-#ifdef USE_C10D_NCCL
-  names.push_back("nccl");
-#endif
-#ifdef USE_C10D_MPI
-  names.push_back("mpi");
-#endif
-  return names;
+  // Only what make_backend builds. NCCL and MPI are not in Debian's CPU LibTorch 1.13; they come
+  // with the LibTorch 2.x/CUDA build (issue 14), never as a name that quietly builds Gloo.
+  return {"gloo"};
 }
 
 ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
@@ -100,6 +95,18 @@ ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
 
 std::shared_ptr<ProcessGroup> ProcessGroup::init(const ProcessGroupOptions& options) {
   validate(options);
+  if (!options.store_file().empty()) {
+    // One machine: a file instead of a listening socket, and Gloo on loopback.
+    c10::intrusive_ptr<c10d::Store> store;
+    try {
+      store = c10::make_intrusive<c10d::FileStore>(options.store_file(), options.world_size());
+    } catch (const std::exception& e) {
+      throw DistributedError("rank " + std::to_string(options.rank()) + "/" + std::to_string(options.world_size()) +
+                             ": cannot open the rendezvous file " + options.store_file() + " (" + e.what() +
+                             "). It lives in the launcher's private folder; start the job with one launcher.");
+    }
+    return init_with_store(store, ProcessGroupOptions(options).main_address("127.0.0.1"));
+  }
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<std::uint16_t>(options.main_port());
   store_options.timeout = options.timeout();

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <iostream>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <unordered_set>
@@ -38,12 +40,6 @@ std::string shared_memory_unsuitable(const std::vector<at::Tensor>& params, cons
     if (p.scalar_type() != at::kFloat && p.scalar_type() != at::kDouble) return "parameters not float32/float64";
   }
   return "";
-}
-
-std::string seconds(std::chrono::milliseconds t) {
-  std::ostringstream out;
-  out << static_cast<double>(t.count()) / 1000.0 << " s";
-  return out.str();
 }
 
 std::string join(const std::vector<std::string>& names, size_t limit = 8) {
@@ -126,6 +122,17 @@ void Reducer::connect_shared_memory() {
   int64_t bytes = 64;
   for (const auto& p : params_) bytes += cache_line_round_up(p.numel() * static_cast<int64_t>(p.element_size()));
   shared_memory_ = SharedMemoryAllreduce::connect(group_, bytes, unsuitable, &why_not_shared_memory_);
+  if (!shared_memory_ && group_.rank() == 0) say_once_why_not_shared_memory();
+}
+
+void Reducer::say_once_why_not_shared_memory() const {
+  // Once per reason and process: a GAN's two DDPs, or a test's many, would repeat it.
+  static std::mutex said_mutex;
+  static std::set<std::string> said;
+  std::lock_guard<std::mutex> lock(said_mutex);
+  if (!said.insert(why_not_shared_memory_).second) return;
+  std::cerr << "lockstep: DDP averages gradients through " << group_.backend_name()
+            << ", not shared memory: " << why_not_shared_memory_ << ".\n";
 }
 
 void Reducer::build_buckets(const std::vector<std::vector<size_t>>& assignment) {
@@ -198,8 +205,13 @@ void Reducer::set_contributing_ranks(int ranks) {
 void Reducer::join_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!failure_.empty()) throw DistributedError(failure_);
-  const bool search = options_.find_unused_parameters() || options_.static_graph();
-  track_usage_ = search && !static_usage_known_;
+  track_usage_ = searches_usage();
+  // Through shared memory the shadow passes through this rank's own slot, where its buckets (and
+  // with gradient_as_bucket_view its .grad) live: keep them as the Gloo path does.
+  std::vector<at::Tensor> kept;
+  if (shared_memory_) {
+    for (const auto& bucket : buckets_) kept.push_back(bucket.buffer.clone());
+  }
   std::vector<BucketFuture> futures;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     // Zeros, not this rank's stale gradients: a joined rank contributes nothing.
@@ -222,8 +234,8 @@ void Reducer::join_backward() {
     try {
       futures[b].wait(group_.timeout());
     } catch (const std::exception& e) {
-      fail(group_.describe() + " (joined, shadowing): allreduce of " + bucket_name(b) + " did not complete (timeout " +
-           seconds(group_.timeout()) + "): " + e.what());
+      fail(group_.describe() + " (joined, shadowing): allreduce of " + bucket_name(b) + " did not complete: " +
+           e.what());
     }
   }
   if (track_usage_) {
@@ -236,6 +248,8 @@ void Reducer::join_backward() {
     used_work_.reset();
     static_usage_known_ = options_.static_graph();
   }
+  torch::NoGradGuard no_grad;
+  for (size_t b = 0; b < kept.size(); ++b) buckets_[b].buffer.copy_(kept[b]);
   finish_step();
 }
 
@@ -263,6 +277,7 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs, bool 
   std::lock_guard<std::mutex> lock(mutex_);
   if (!failure_.empty()) throw DistributedError(failure_);
   expect_hooks_ = sync && at::GradMode::is_enabled();
+  synchronised_backward_done_ = false;
   if (!expect_hooks_) return;
   std::fill(ready_.begin(), ready_.end(), false);
   for (auto& bucket : buckets_) {
@@ -271,12 +286,21 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs, bool 
   }
   next_to_launch_ = 0;
   used_work_.reset();
-  const bool search = options_.find_unused_parameters() || options_.static_graph();
-  track_usage_ = search && !static_usage_known_;
-  if (track_usage_) {
-    local_used_.zero_();
-    find_unused(outputs);
-  }
+  track_usage_ = searches_usage();
+  if (track_usage_) find_unused(outputs);
+}
+
+bool Reducer::searches_usage() const {
+  return (options_.find_unused_parameters() || options_.static_graph()) && !static_usage_known_;
+}
+
+void Reducer::refuse_second_backward(size_t index) {
+  fail(group_.describe() + ": parameter '" + names_[index] +
+       "' received a gradient after this iteration's gradients were already reduced: a second backward "
+       "through the same forward (backward with retain_graph, then backward again). Its gradients would stay "
+       "local and the replicas would drift apart. Run a new forward before each backward; to accumulate "
+       "gradients over several backward passes, run all but the last under no_sync(); a graph that is the "
+       "same every iteration may use DDPOptions().static_graph(true).");
 }
 
 std::unordered_set<const torch::autograd::Node*> autograd_nodes_reached_by(const std::vector<at::Tensor>& outputs) {
@@ -312,7 +336,13 @@ void Reducer::find_unused(const std::vector<at::Tensor>& outputs) {
 
 void Reducer::autograd_hook(size_t index) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!expect_hooks_) return;
+  // Used once in the accumulation window (no_sync micro-steps included) counts as used, as in
+  // PyTorch; the map is cleared when the window's synchronised backward ends.
+  if (searches_usage()) local_used_.data_ptr<int32_t>()[index] = 1;
+  if (!expect_hooks_) {
+    if (synchronised_backward_done_) refuse_second_backward(index);
+    return;
+  }
   if (!backward_started_) start_backward();
   if (ready_[index]) {
     fail(group_.describe() + ": parameter '" + names_[index] +
@@ -321,7 +351,6 @@ void Reducer::autograd_hook(size_t index) {
          "or accumulate under no_sync().");
   }
   if (steps_ == 0) arrival_order_.push_back(index);
-  if (track_usage_) local_used_.data_ptr<int32_t>()[index] = 1;
   mark_ready(index);
 }
 
@@ -411,6 +440,7 @@ void Reducer::finalize_backward() {
                ". Use DDPOptions().find_unused_parameters(true) (with the Trainer: --strategy "
                "ddp_find_unused_parameters_true) if the forward skips them on purpose, or make sure "
                "all outputs of forward take part in calculating the loss.";
+    if (shared_memory_) shared_memory_->leave();
     throw UnusedParametersError(failure_, std::move(missing));
   }
   for (size_t b = 0; b < buckets_.size(); ++b) {
@@ -419,8 +449,7 @@ void Reducer::finalize_backward() {
     try {
       reduced = bucket.future->wait(group_.timeout());
     } catch (const std::exception& e) {
-      fail(group_.describe() + ": allreduce of " + bucket_name(b) + " did not complete (timeout " +
-           seconds(group_.timeout()) + "): " + e.what() +
+      fail(group_.describe() + ": allreduce of " + bucket_name(b) + " did not complete: " + e.what() +
            "\nEvery rank must run the same synchronised backward passes; check the other ranks' output for an earlier error.");
     }
     bucket.future.reset();
@@ -445,15 +474,16 @@ void Reducer::finalize_backward() {
     try {
       used_work_->wait(group_.timeout());
     } catch (const std::exception& e) {
-      fail(group_.describe() + ": allreduce of the map of used parameters did not complete (timeout " +
-           seconds(group_.timeout()) + "): " + e.what());
+      fail(group_.describe() + ": allreduce of the map of used parameters did not complete: " + e.what());
     }
     used_work_.reset();
     global_used_ = local_used_.clone();
+    local_used_.zero_();  // the next accumulation window starts
     static_usage_known_ = options_.static_graph();
   }
   write_back();
   backward_started_ = false;
+  synchronised_backward_done_ = true;
   trace_.finished = since_start();
   finish_step();
 }
@@ -536,6 +566,8 @@ std::string Reducer::bucket_name(size_t b) const {
 
 void Reducer::fail(const std::string& message) {
   failure_ = message;
+  // Peers waiting in shared memory learn at once that this rank is out (Gloo peers at the timeout).
+  if (shared_memory_) shared_memory_->leave();
   throw DistributedError(message);
 }
 

@@ -2,6 +2,7 @@
 
 #include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -43,9 +44,13 @@ struct Header {
   int32_t world_size;                            // ranks on this host
   int32_t pids[kMaxRanks];                   // per slot
   std::atomic<uint64_t> arrived[kMaxRanks];  // per slot: the last barrier it reached
+  std::atomic<uint32_t> left[kMaxRanks];     // per slot: 1 once it stopped reducing (process alive or not)
+  int64_t job[kMaxRanks][3];                 // per slot: offset, numel, dtype of the reduction it is in
 };
 
 const int64_t kHeaderBytes = round_up(sizeof(Header), kPage);
+
+std::atomic<bool> die_after_arriving_last_flag{false};
 
 long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
   // Not FUTEX_PRIVATE_FLAG: the word is shared between processes.
@@ -231,8 +236,15 @@ std::shared_ptr<SharedMemoryAllreduce> SharedMemoryAllreduce::connect(ProcessGro
   offer = nlohmann::json::parse(offers[members.front()]);
   const std::string path = offer["path"];
   if (!leader && error.empty() && !path.empty()) {
+    struct stat opened {};
     if ((fd = open(path.c_str(), O_RDWR | O_CLOEXEC)) < 0) {
       error = errno_text("open " + path);
+    } else if (fstat(fd, &opened) != 0) {
+      error = errno_text("fstat " + path);
+    } else if (opened.st_size != total) {
+      // Mapping more than the file holds would end in SIGBUS at the first touch.
+      error = "its host's segment holds " + std::to_string(opened.st_size) + " bytes, this rank needs " +
+              std::to_string(total) + " bytes (ranks of one host disagree on the buckets' size)";
     } else if ((base = map_shared(fd, total, &error)) &&
                reinterpret_cast<Header*>(base)->token != offer["token"].get<uint64_t>()) {
       error = "not its host's segment";
@@ -277,12 +289,17 @@ SharedMemoryAllreduce::SharedMemoryAllreduce(std::shared_ptr<Segment> segment, s
 }
 
 SharedMemoryAllreduce::~SharedMemoryAllreduce() {
+  leave();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
   wake_.notify_all();
   thread_.join();
+}
+
+void SharedMemoryAllreduce::leave() {
+  segment_->header().left[local_rank_].store(1, std::memory_order_release);
 }
 
 int64_t SharedMemoryAllreduce::bytes_per_rank() const { return segment_->slot_bytes; }
@@ -342,7 +359,10 @@ void SharedMemoryAllreduce::reduce(const Job& job) {
   const bool in_place = job.tensor.data_ptr() == mine;
   const size_t bytes = static_cast<size_t>(job.tensor.numel()) * job.tensor.element_size();
   if (!in_place) std::memcpy(mine, job.tensor.data_ptr(), bytes);
+  const int64_t described[3] = {job.offset, job.tensor.numel(), static_cast<int64_t>(job.tensor.scalar_type())};
+  std::memcpy(segment_->header().job[local_rank_], described, sizeof(described));
   barrier("gradients written");
+  check_same_job();
   // Rank r reduces part r; parts start on 64-byte boundaries so no two ranks share a cache line.
   const int64_t count = job.tensor.numel();
   const int64_t align = 64 / static_cast<int64_t>(job.tensor.element_size());
@@ -378,6 +398,23 @@ void SharedMemoryAllreduce::reduce(const Job& job) {
   if (!in_place) std::memcpy(job.tensor.data_ptr(), mine, bytes);
 }
 
+void SharedMemoryAllreduce::check_same_job() {
+  // Stable until the next barrier, which no rank passes before all have checked.
+  const auto describe = [](const int64_t* job) {
+    return "offset " + std::to_string(job[0]) + ", " + std::to_string(job[1]) + " " +
+           c10::toString(static_cast<at::ScalarType>(job[2])) + " values";
+  };
+  const int64_t* mine = segment_->header().job[local_rank_];
+  for (int r = 0; r < local_size_; ++r) {
+    const int64_t* theirs = segment_->header().job[r];
+    if (std::equal(mine, mine + 3, theirs)) continue;
+    fail_all("ranks reduce different buckets: rank " + std::to_string(members_[local_rank_]) + " has " +
+             describe(mine) + ", rank " + std::to_string(members_[r]) + " has " + describe(theirs) +
+             ". Every rank must build the same DistributedDataParallel and run the same synchronised backward "
+             "passes.");
+  }
+}
+
 void SharedMemoryAllreduce::fail_all(const std::string& what) {
   uint32_t none = 0;
   segment_->header().aborted_by.compare_exchange_strong(none, static_cast<uint32_t>(local_rank_ + 1));
@@ -391,9 +428,11 @@ void SharedMemoryAllreduce::barrier(const char* phase) {
   if (const uint32_t by = h.aborted_by.load(std::memory_order_acquire)) {
     fail_all("rank " + std::to_string(members_[by - 1]) + " failed earlier; see its output" + where);
   }
+  if (h.left[local_rank_].load(std::memory_order_acquire)) fail_all("this rank has left the reduction" + where);
   h.arrived[local_rank_].store(epoch, std::memory_order_relaxed);
   const uint32_t generation = h.generation.load(std::memory_order_acquire);
   if (h.count.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(local_size_)) {
+    if (die_after_arriving_last_flag.load()) _exit(0);
     h.count.store(0, std::memory_order_relaxed);
     h.generation.store(generation + 1, std::memory_order_release);
     futex(&h.generation, FUTEX_WAKE, INT_MAX, nullptr);
@@ -408,14 +447,24 @@ void SharedMemoryAllreduce::barrier(const char* phase) {
     if (const uint32_t by = h.aborted_by.load(std::memory_order_acquire)) {
       fail_all("rank " + std::to_string(members_[by - 1]) + " failed; see its output" + where);
     }
-    std::string missing, exited;
+    // Every rank's liveness, arrived or not: the last to arrive may die before it releases the rest.
+    std::string missing, exited, left;
     for (int r = 0; r < local_size_; ++r) {
-      if (h.arrived[r].load(std::memory_order_relaxed) >= epoch) continue;
-      missing += (missing.empty() ? "" : ", ") + std::to_string(members_[r]);
-      if (!process_alive(h.pids[r])) exited += (exited.empty() ? "" : ", ") + std::to_string(members_[r]);
+      const auto add = [&](std::string& list) { list += (list.empty() ? "" : ", ") + std::to_string(members_[r]); };
+      if (!process_alive(h.pids[r])) {
+        add(exited);
+      } else if (r != local_rank_ && h.left[r].load(std::memory_order_acquire)) {
+        add(left);
+      }
+      if (h.arrived[r].load(std::memory_order_relaxed) < epoch) add(missing);
     }
     if (h.generation.load(std::memory_order_acquire) != generation) return;
-    if (!exited.empty()) fail_all("rank(s) " + exited + " exited; waiting for rank(s) " + missing + where);
+    const std::string waiting = missing.empty() ? "" : "; waiting for rank(s) " + missing;
+    if (!exited.empty()) fail_all("rank(s) " + exited + " exited" + waiting + where);
+    if (!left.empty()) {
+      fail_all("rank(s) " + left + " left the reduction (an error there, or its DistributedDataParallel was "
+               "destroyed) while their process lives on" + waiting + where + ". See those ranks' output.");
+    }
     if (stopping_.load()) fail_all("stopped while waiting for rank(s) " + missing + where);
     if (Clock::now() > deadline) {
       std::ostringstream seconds;
@@ -432,6 +481,10 @@ std::vector<T*> SharedMemoryAllreduce::slots_of(int64_t offset) const {
   for (int r = 0; r < local_size_; ++r) slots.push_back(reinterpret_cast<T*>(segment_->slot(r) + offset));
   return slots;
 }
+
+namespace detail {
+void die_after_arriving_last() { die_after_arriving_last_flag = true; }
+}  // namespace detail
 
 }  // namespace distributed
 }  // namespace lockstep

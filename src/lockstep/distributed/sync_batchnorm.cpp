@@ -293,6 +293,15 @@ void check_replaced_batchnorms_unused(const torch::nn::Module& module) {
   }
 }
 
+std::vector<std::string> replaced_batchnorms_still_held(const torch::nn::Module& module) {
+  std::vector<std::string> names;
+  for (const auto& item : module.named_modules("", /*include_self=*/true)) {
+    auto* sync = dynamic_cast<SyncBatchNormImpl*>(item.value().get());
+    if (sync && !sync->replaced.expired()) names.push_back(item.key());
+  }
+  return names;
+}
+
 }  // namespace detail
 
 }  // namespace distributed

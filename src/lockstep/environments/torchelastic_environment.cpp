@@ -52,6 +52,7 @@ TorchElasticEnvironment::TorchElasticEnvironment(const Environ& env) {
   // PyTorch's rule (torch/distributed/rendezvous.py): only the exact string "True" counts.
   use_agent_store_ = env.get("TORCHELASTIC_USE_AGENT_STORE") == std::optional<std::string>("True");
   restart_count_ = env.get_int("TORCHELASTIC_RESTART_COUNT").value_or(0);
+  store_file_ = env.get("LOCKSTEP_STORE_FILE").value_or("");
   if (use_agent_store_ && !env.has("TORCHELASTIC_RESTART_COUNT")) {
     throw EnvironmentError(
         "TORCHELASTIC_USE_AGENT_STORE=True but TORCHELASTIC_RESTART_COUNT is not set: the ranks "

@@ -59,6 +59,12 @@ class ForwardSignals {
   struct sigaction previous_child_ {};
 };
 
+// The private rendezvous folder goes when the launch returns or throws.
+struct RemovedAtReturn {
+  const std::string& store_file;
+  ~RemovedAtReturn() { detail::remove_private_store(store_file); }
+};
+
 }  // namespace
 
 int launch_and_supervise(const LaunchOptions& options, const std::vector<std::string>& command) {
@@ -75,9 +81,13 @@ int launch_and_supervise(const LaunchOptions& options, const std::vector<std::st
   const bool own_log_dir = options.log_dir().empty();
   const LaunchOptions resolved = detail::with_private_log_dir(options);
 
+  // One machine: the ranks meet in a private file, not on a port that listens on the network.
+  const std::string store_file = resolved.nnodes() == 1 ? detail::make_private_store_file(resolved.run_id()) : "";
+  const RemovedAtReturn remove_store{store_file};
   std::vector<std::map<std::string, std::string>> variables;
   for (int rank = 0; rank < resolved.nproc_per_node(); ++rank) {
     variables.push_back(worker_variables(resolved, rank, port));
+    if (!store_file.empty()) variables.back()["LOCKSTEP_STORE_FILE"] = store_file;
     detail::prepare_error_file(variables.back().at("TORCHELASTIC_ERROR_FILE"));
   }
 

@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "lockstep/launchers/launch_error.h"
+#include "lockstep/launchers/launcher.h"
 #include "lockstep/launchers/worker_environment.h"
 #include "process_utils.h"
 
@@ -38,6 +39,7 @@ void apply_thread_limit(const std::string& value) {
 LocalJob* the_job = nullptr;
 
 constexpr std::chrono::milliseconds kWatchInterval(50);
+constexpr std::chrono::milliseconds kCauseWindow(1000);
 
 void flush_everything() {
   std::cout.flush();
@@ -81,8 +83,10 @@ LocalJob::LocalJob(const LaunchOptions& options)
       owner_(::getpid()),
       supervisor_(options.grace_period()) {
   const int port = resolve_master_port(options_);
+  if (options_.nnodes() == 1) store_file_ = make_private_store_file(options_.run_id());
   for (int rank = 0; rank < options_.nproc_per_node(); ++rank) {
     variables_.push_back(worker_variables(options_, rank, port));
+    if (!store_file_.empty()) variables_.back()["LOCKSTEP_STORE_FILE"] = store_file_;
     prepare_error_file(variables_.back().at("TORCHELASTIC_ERROR_FILE"));
   }
 }
@@ -105,6 +109,7 @@ void LocalJob::watch() {
       if (*code == 0) return;
       report_error_file();
       remove_empty_log_dirs(options_.log_dir(), options_.nproc_per_node(), own_log_dir_);
+      remove_private_store(store_file_);
       say("ending local rank 0 (pid " + std::to_string(::getpid()) + ") with exit code " +
           std::to_string(*code));
       flush_everything();
@@ -130,8 +135,34 @@ int LocalJob::finish(std::chrono::milliseconds timeout) {
   }
   report_error_file();
   remove_empty_log_dirs(options_.log_dir(), options_.nproc_per_node(), own_log_dir_);
+  remove_private_store(store_file_);
   result_ = code;
   return *code;
+}
+
+int LocalJob::end_after_own_failure(int exit_code) {
+  std::lock_guard<std::mutex> lock(finish_mutex_);
+  if (::getpid() != owner_ || (result_ && !ended_early_)) return exit_code;
+  if (!ended_early_) {
+    ended_early_ = true;
+    stop_watching_.store(true);
+    if (watcher_.joinable()) watcher_.join();
+    // This rank's error may be the news of a worker that failed first (a peer that left the
+    // reduction): a short look lets the supervisor report that worker as the cause.
+    const auto code = supervisor_.wait_for(kCauseWindow);
+    if (code && *code != 0) {
+      worker_code_ = *code;
+    } else if (supervisor_.running() > 0) {
+      say("local rank 0 failed (exit code " + std::to_string(exit_code) + "); terminating " +
+          std::to_string(supervisor_.running()) + " other worker(s) without waiting for them");
+      supervisor_.terminate_all();
+    }
+    remove_empty_log_dirs(options_.log_dir(), options_.nproc_per_node(), own_log_dir_);
+    remove_private_store(store_file_);
+  }
+  // A later call (guarded_main's, after the Trainer's) knows this rank's code better.
+  result_ = worker_code_ ? *worker_code_ : exit_code;
+  return *result_;
 }
 
 void LocalJob::report_error_file() const {
@@ -145,5 +176,11 @@ void LocalJob::report_error_file() const {
 }
 
 }  // namespace detail
+
+int end_launched_job(int exit_code) {
+  detail::LocalJob* job = detail::LocalJob::current();
+  return job == nullptr ? exit_code : job->end_after_own_failure(exit_code);
+}
+
 }  // namespace launchers
 }  // namespace lockstep

@@ -49,6 +49,11 @@ class LocalJob {
   /// code (0, the first failure's, or 1 when workers had to be terminated and exited 0). Runs
   /// once; later calls return the first result. Returns 0 in a forked worker.
   int finish(std::chrono::milliseconds timeout);
+  /// Local rank 0 failed with `exit_code`: terminates the workers now (they are not blamed) and
+  /// makes `exit_code` what finish() returns, unless a worker failed within a second before or
+  /// after (the likelier cause), whose failure is reported and whose code is the job's. Returns
+  /// the job's code.
+  int end_after_own_failure(int exit_code);
 
  private:
   explicit LocalJob(const LaunchOptions& options);
@@ -58,11 +63,14 @@ class LocalJob {
   bool own_log_dir_;
   pid_t owner_;
   std::vector<std::map<std::string, std::string>> variables_;
+  std::string store_file_;  // one machine: the ranks' rendezvous file (LOCKSTEP_STORE_FILE)
   Supervisor supervisor_;
   std::thread watcher_;
   std::atomic<bool> stop_watching_{false};
   std::mutex finish_mutex_;
   std::optional<int> result_;
+  bool ended_early_ = false;        // end_after_own_failure ran
+  std::optional<int> worker_code_;  // a worker failed first: its code is the job's
 };
 
 }  // namespace detail

@@ -87,7 +87,9 @@ std::string resolve_executable(const std::string& program, const std::string& pa
                     ") or add its folder to PATH.");
 }
 
-std::vector<std::string> self_command_line() {
+namespace {
+
+std::vector<std::string> read_command_line() {
   std::ifstream file("/proc/self/cmdline", std::ios::binary);
   const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
   std::vector<std::string> argv;
@@ -98,6 +100,18 @@ std::vector<std::string> self_command_line() {
     if (end == std::string::npos) break;
     start = end + 1;
   }
+  return argv;
+}
+
+// Read when the library loads, before main() runs: /proc/self/cmdline shows the argv memory as it
+// is now, so a program that permutes its argv (getopt) or scrubs a secret in place would
+// otherwise re-execute its workers with the edited words.
+const std::vector<std::string> command_line_at_start = read_command_line();
+
+}  // namespace
+
+std::vector<std::string> self_command_line() {
+  const auto& argv = command_line_at_start;
   if (argv.empty()) {
     throw LaunchError("cannot read this program's command line from /proc/self/cmdline, which "
                       "re-executing it needs. Mount /proc, or use --strategy ddp_fork.");
@@ -179,6 +193,21 @@ void remove_empty_log_dirs(const std::string& log_dir, int nproc, bool remove_ro
   }
   std::filesystem::remove(root / "attempt_0", ignored);
   if (remove_root) std::filesystem::remove(root, ignored);
+}
+
+std::string make_private_store_file(const std::string& run_id) {
+  std::string pattern = temp_root() + "/lockstep_store_" + path_safe(run_id) + "_XXXXXX";
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    throw LaunchError("cannot make a private folder for the workers' rendezvous file under " + temp_root() + ": " +
+                      std::strerror(errno) + ". Set TMPDIR to a writable folder.");
+  }
+  return pattern + "/store";
+}
+
+void remove_private_store(const std::string& store_file) {
+  if (store_file.empty()) return;
+  std::error_code ignored;
+  std::filesystem::remove_all(std::filesystem::path(store_file).parent_path(), ignored);
 }
 
 void say(const std::string& line) {

@@ -23,7 +23,8 @@ std::map<std::string, std::string> merged(std::map<std::string, std::string> bas
 /// LaunchError saying why `program` cannot run (missing, a folder, not executable).
 std::string resolve_executable(const std::string& program, const std::string& path_variable);
 
-/// This process's argv, read from /proc/self/cmdline.
+/// This process's argv as it was when the program started (read from /proc/self/cmdline when
+/// the library loaded, so later in-place edits of argv do not reach the workers).
 std::vector<std::string> self_command_line();
 
 /// Threads of this process (entries of /proc/self/task).
@@ -50,6 +51,13 @@ void prepare_error_file(const std::string& path);
 /// Removes the error folders of `nproc` local ranks under `log_dir` that stayed empty, and
 /// `log_dir` itself when it is empty and `remove_root`; folders holding an error report stay.
 void remove_empty_log_dirs(const std::string& log_dir, int nproc, bool remove_root);
+
+/// For a job on one machine: a new folder only this user can open (mode 0700) and the path of
+/// the ranks' rendezvous file in it (`<folder>/store`; ProcessGroupOptions::store_file), which
+/// replaces a TCPStore listening on the network. Throws LaunchError if it cannot be made.
+std::string make_private_store_file(const std::string& run_id);
+/// Removes that folder with what is in it ("" does nothing).
+void remove_private_store(const std::string& store_file);
 
 /// Writes "lockstep: <line>" to stderr and flushes it.
 void say(const std::string& line);

@@ -78,8 +78,22 @@ std::shared_ptr<distributed::DistributedDataParallelBase> DDPStrategy::configure
   return std::make_shared<distributed::DistributedDataParallelBase>(module, process_group(), ddp_options_);
 }
 
+void DDPStrategy::convert_sync_batchnorm(const std::shared_ptr<TrainingModule>& module) {
+  if (!context_.sync_batchnorm) return;
+  distributed::convert_sync_batchnorm(module, process_group());
+  const auto held = distributed::detail::replaced_batchnorms_still_held(*module);
+  if (held.empty()) return;
+  std::string names;
+  for (const auto& n : held) names += (names.empty() ? "'" : ", '") + n + "'";
+  throw UsageError("--sync-batchnorm true cannot convert the BatchNorm layer(s) " + names +
+                   ": the model also holds them in typed members (such as `torch::nn::BatchNorm2d bn;`), which "
+                   "keep calling the original layer, so their statistics would not be synchronised. Declare those "
+                   "members as lockstep::distributed::SyncBatchNorm (plain BatchNorm on one process), or run "
+                   "without --sync-batchnorm.");
+}
+
 void DDPStrategy::setup_module(const std::shared_ptr<TrainingModule>& module) {
-  if (context_.sync_batchnorm) distributed::convert_sync_batchnorm(module, process_group());
+  convert_sync_batchnorm(module);
   std::vector<int> device_ids;
   if (context_.accelerator == "cuda") device_ids.push_back(root_device().index());
   ddp_ = configure_ddp(module, device_ids);

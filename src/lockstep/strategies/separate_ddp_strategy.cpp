@@ -18,7 +18,7 @@ SeparateDDPStrategy::SeparateDDPStrategy(distributed::DDPOptions options, std::s
     : DDPStrategy(std::move(options), std::move(start_method), "ddp_separate") {}
 
 void SeparateDDPStrategy::setup_module(const std::shared_ptr<TrainingModule>& module) {
-  if (context_.sync_batchnorm) distributed::convert_sync_batchnorm(module, process_group());
+  convert_sync_batchnorm(module);
   std::vector<c10::Device> device_ids;
   if (context_.accelerator == "cuda") device_ids.push_back(root_device());
   separate_ = std::make_shared<distributed::SeparateDDP>(module, process_group(), ddp_options(), device_ids);

@@ -16,6 +16,8 @@ const std::map<std::string, std::string>& not_available() {
       {"dp", "DataParallel splits one process's batch over several CUDA devices; on CPU, and with "
              "LibTorch, one process per device is faster. Use --strategy ddp"},
       {"ddp2", "ddp2 was removed from Lightning 1.7. Use --strategy ddp"},
+      {"ddp_cpu", "ddp_cpu was removed from Lightning 1.7. Use --accelerator cpu --strategy ddp --devices N"},
+      {"ddp_sharded", "sharded training (FairScale) is a Python library. Use --strategy ddp"},
       {"ddp_spawn", "spawning needs Python's multiprocessing. Use --strategy ddp (re-executes the program) "
                     "or ddp_fork"},
       {"horovod", "Horovod is not in Debian's LibTorch. Use --strategy ddp"},
@@ -92,6 +94,14 @@ std::string normalise_precision(const std::string& precision, const std::string&
     throw UsageError("--precision " + precision + " needs CUDA (float16 autocast); on CPU use --precision bf16-mixed "
                      "or 32-true.");
   }
+  // Refused until CUDA autocast (and loss scaling for float16) exist, rather than training in
+  // float32 under a name that says otherwise.
+  if (accelerator == "cuda" && (it->second == "16-mixed" || it->second == "bf16-mixed")) {
+    throw UsageError("--precision " + precision + " on CUDA is not implemented yet in Lockstep (CUDA autocast" +
+                     std::string(it->second == "16-mixed" ? " with dynamic loss scaling" : "") +
+                     " comes with the LibTorch 2.x CUDA build). Use --precision 32-true on CUDA, or bf16-mixed "
+                     "with --accelerator cpu.");
+  }
   return it->second;
 }
 
@@ -127,8 +137,10 @@ ExecutionPlan resolve_plan(const TrainerOptions& o, const environments::Environ&
       o.process_group_backend().empty() ? (plan.accelerator == "cuda" ? "nccl" : "gloo") : o.process_group_backend();
   const auto backends = distributed::available_backends();
   if (std::find(backends.begin(), backends.end(), plan.process_group_backend) == backends.end()) {
-    throw UsageError("--process-group-backend " + plan.process_group_backend +
-                     " is not in this LibTorch (it has: gloo). Use --process-group-backend gloo.");
+    std::string names;
+    for (const auto& b : backends) names += (names.empty() ? "" : ", ") + b;
+    throw UsageError("--process-group-backend " + plan.process_group_backend + " is not available: this build of "
+                     "Lockstep can create " + names + ". Use --process-group-backend " + backends.front() + ".");
   }
   if (o.accumulate_grad_batches() < 1) {
     throw UsageError("--accumulate-grad-batches " + std::to_string(o.accumulate_grad_batches()) + ": use 1 or more.");

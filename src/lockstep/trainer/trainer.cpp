@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <limits>
 
@@ -23,6 +24,7 @@
 #include <lockstep/core/seed.h>
 #include <lockstep/core/usage_error.h>
 #include <lockstep/distributed/rank_zero.h>
+#include <lockstep/launchers/launcher.h>
 #include <lockstep/loggers/csv_logger.h>
 
 namespace lockstep {
@@ -150,9 +152,15 @@ c10::IValue rng_state() {
 
 }  // namespace
 
-Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {}
+Trainer::Trainer(TrainerOptions options)
+    : options_(std::move(options)), checkpoint_io_(std::make_shared<checkpoint::CheckpointIO>()) {}
 Trainer::~Trainer() {
   if (module_) module_->trainer_ = nullptr;
+}
+
+void Trainer::set_checkpoint_io(std::shared_ptr<checkpoint::CheckpointIO> io) {
+  if (!io) throw UsageError("Trainer::set_checkpoint_io: the CheckpointIO is null; pass an object, or leave the default.");
+  checkpoint_io_ = std::move(io);
 }
 
 void Trainer::add_logger(std::shared_ptr<Logger> logger) {
@@ -228,6 +236,11 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
     }
     plan_.strategy->setup_environment();
     distributed::set_global_rank(plan_.strategy->global_rank());
+    at::globalContext().setBenchmarkCuDNN(options_.benchmark());
+    if (options_.benchmark() && plan_.accelerator != "cuda" && plan_.strategy->is_global_zero()) {
+      std::cerr << "lockstep: --benchmark true has no effect on the CPU: it lets cuDNN time and pick convolution "
+                   "algorithms on CUDA devices.\n";
+    }
     if (options_.profiler() && !profiler_) profiler_ = std::make_shared<SimpleProfiler>();
     if (!loggers_set_by_user_ && plan_.strategy->is_global_zero()) {
       loggers_.push_back(std::make_shared<loggers::CSVLogger>(loggers::LoggerOptions(options_.default_root_dir())));
@@ -463,6 +476,18 @@ std::vector<torch::Tensor> Trainer::predict(const std::shared_ptr<TrainingModule
 
 void Trainer::fit(const std::shared_ptr<TrainingModule>& module, const std::shared_ptr<DataLoader>& train,
                   const std::shared_ptr<DataLoader>& val) {
+  try {
+    run_fit(module, train, val);
+  } catch (...) {
+    // On local rank 0 of a job it launched: end the workers now, before this rank's process group
+    // goes away and their failures could be taken for the cause.
+    launchers::end_launched_job(1);
+    throw;
+  }
+}
+
+void Trainer::run_fit(const std::shared_ptr<TrainingModule>& module, const std::shared_ptr<DataLoader>& train,
+                      const std::shared_ptr<DataLoader>& val) {
   if (!train) throw UsageError("Trainer::fit needs a training DataLoader; it was null.");
   const auto started = std::chrono::steady_clock::now();
   setup(module);
@@ -572,17 +597,31 @@ c10::impl::GenericDict Trainer::checkpoint_state() const {
 
 void Trainer::save_checkpoint(const std::string& path) {
   auto timed = profile("save_checkpoint");
-  if (plan_.strategy->is_global_zero()) checkpoint::CheckpointIO().save(checkpoint_state(), path);
+  if (plan_.strategy->is_global_zero()) checkpoint_io_->save(checkpoint_state(), path);
   plan_.strategy->barrier("save_checkpoint");
 }
 
 void Trainer::restore(const std::string& ckpt_path) {
   std::string path = ckpt_path;
   if (path == "last") path = find_last_checkpoint(log_dir_);
-  auto ckpt = checkpoint::CheckpointIO().load(path);
+  auto ckpt = checkpoint_io_->load(path);
   checkpoint::require_keys(ckpt, {"state_dict", "optimizer_states", "epoch", "global_step", "loops"}, path);
-  checkpoint::load_state_dict(*module_, ckpt.at("state_dict").toGenericDict());
-  const auto& optimizers = ckpt.at("optimizer_states").toListRef();
+  // A checkpoint of something else may have the keys but not their contents: LibTorch's type
+  // errors become one message naming the key and what it should hold.
+  const auto reading = [&](const char* key, const char* expected, const std::function<void()>& read) {
+    try {
+      read();
+    } catch (const c10::Error& e) {
+      const std::string why = e.what_without_backtrace();
+      throw UsageError("checkpoint '" + path + "': \"" + key + "\" should hold " + expected + " (" +
+                       why.substr(0, why.find('\n')) + "). It is not a checkpoint of this Trainer; pass one it " +
+                       "wrote (--ckpt-path PATH, or --ckpt-path last).");
+    }
+  };
+  reading("state_dict", "a dict of parameter and buffer names to tensors",
+          [&] { checkpoint::load_state_dict(*module_, ckpt.at("state_dict").toGenericDict()); });
+  c10::impl::GenericList optimizers(c10::AnyType::get());
+  reading("optimizer_states", "a list of optimizer state dicts", [&] { optimizers = ckpt.at("optimizer_states").toList(); });
   if (optimizers.size() != optimizer_config_.optimizers.size()) {
     throw UsageError("--ckpt-path " + path + " holds " + std::to_string(optimizers.size()) +
                      " optimizer state(s) but configure_optimizers returned " +
@@ -591,29 +630,38 @@ void Trainer::restore(const std::string& ckpt_path) {
   // Schedulers first: replaying their steps moves the learning rates, which the optimizer
   // states then set to the saved values exactly.
   if (ckpt.contains("lr_schedulers")) {
-    const auto s = ckpt.at("lr_schedulers").toGenericDict();
-    scheduler_epoch_steps_ = s.at("epoch_steps").toInt();
-    scheduler_step_steps_ = s.at("step_steps").toInt();
+    reading("lr_schedulers", "a dict with integers epoch_steps and step_steps", [&] {
+      const auto s = ckpt.at("lr_schedulers").toGenericDict();
+      scheduler_epoch_steps_ = s.at("epoch_steps").toInt();
+      scheduler_step_steps_ = s.at("step_steps").toInt();
+    });
     for (auto& config : optimizer_config_.schedulers) {
       const int64_t n = config.interval == "step" ? scheduler_step_steps_ : scheduler_epoch_steps_;
       for (int64_t i = 0; i < n; ++i) config.scheduler->step();
     }
   }
-  for (size_t i = 0; i < optimizers.size(); ++i) {
-    checkpoint::load_optimizer_state_dict(*optimizer_config_.optimizers[i], optimizers[i].toGenericDict());
-  }
-  current_epoch_ = ckpt.at("loops").toGenericDict().at("next_epoch").toInt();
-  global_step_ = ckpt.at("global_step").toInt();
-  if (ckpt.contains("callbacks")) {
-    const auto states = ckpt.at("callbacks").toGenericDict();
-    for (auto& c : callbacks_) {
-      if (states.contains(c->name())) c->load_state_dict(states.at(c->name()));
+  reading("optimizer_states", "a list of optimizer state dicts", [&] {
+    for (size_t i = 0; i < optimizers.size(); ++i) {
+      checkpoint::load_optimizer_state_dict(*optimizer_config_.optimizers[i], optimizers.get(i).toGenericDict());
     }
+  });
+  reading("loops", "a dict with the integer next_epoch",
+          [&] { current_epoch_ = ckpt.at("loops").toGenericDict().at("next_epoch").toInt(); });
+  reading("global_step", "an integer", [&] { global_step_ = ckpt.at("global_step").toInt(); });
+  if (ckpt.contains("callbacks")) {
+    reading("callbacks", "a dict of callback names to their states", [&] {
+      const auto states = ckpt.at("callbacks").toGenericDict();
+      for (auto& c : callbacks_) {
+        if (states.contains(c->name())) c->load_state_dict(states.at(c->name()));
+      }
+    });
   }
   if (ckpt.contains("rng_state")) {
-    auto generator = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(ckpt.at("rng_state").toTensor());
+    reading("rng_state", "the CPU generator's state (a byte tensor)", [&] {
+      auto generator = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(ckpt.at("rng_state").toTensor());
+    });
   }
 }
 

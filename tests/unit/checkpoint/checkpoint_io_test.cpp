@@ -205,6 +205,24 @@ TEST(CheckpointIOTest, FailedRenameLeavesNoTemporaryFile) {
   EXPECT_TRUE(temp_files(dir.path()).empty());
 }
 
+// In a shared directory someone plants a symlink where the temporary file used to go
+// (<path>.tmp.<pid>): the save must not write through it.
+TEST(CheckpointIOTest, APlantedSymlinkIsNeverWrittenThrough) {
+  TempDir dir{"lockstep_ckpt"};
+  std::ofstream(dir / "victim") << "precious";
+  fs::create_symlink(dir / "victim", dir / ("model.ckpt.tmp." + std::to_string(::getpid())));
+  auto ckpt = make_checkpoint();
+  ckpt.insert("epoch", int64_t{3});
+  CheckpointIO().save(ckpt, dir / "model.ckpt");
+  std::ifstream victim(dir / "victim");
+  std::string text((std::istreambuf_iterator<char>(victim)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "precious");
+  EXPECT_EQ(CheckpointIO().load(dir / "model.ckpt").at("epoch").toInt(), 3);
+  EXPECT_TRUE(fs::is_symlink(dir / ("model.ckpt.tmp." + std::to_string(::getpid())))) << "not ours to remove";
+  EXPECT_EQ(fs::status(dir / "model.ckpt").permissions() & fs::perms::all,
+            fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read);
+}
+
 TEST(CheckpointIOTest, UnwritableDirectoryIsAnErrorNamingThePath) {
   TempDir dir{"lockstep_ckpt"};
   std::ofstream(dir / "file") << "x";
@@ -275,6 +293,34 @@ TEST(CheckpointIOTest, FlippedByteInTensorDataIsDetected) {
   bytes[at + 1] ^= 0x10;
   write_bytes(dir / "flipped.ckpt", bytes);
   expect_load_error(dir / "flipped.ckpt", "CRC32");
+}
+
+// A crafted archive whose zip64 extra field claims 65535 bytes in an extra area of 4: its three
+// 8-byte values would be read from past the entry, the last two bytes past the end of the file.
+TEST(CheckpointIOTest, AZip64FieldLongerThanItsExtraAreaIsDamage) {
+  std::vector<char> zip;
+  auto put = [&](uint64_t value, int width) {
+    for (int i = 0; i < width; ++i) zip.push_back(static_cast<char>((value >> (8 * i)) & 0xFF));
+  };
+  const std::string name = "data.pkl";
+  put(0x04034b50, 4);  // local header
+  put(20, 2), put(0, 2), put(0, 2), put(0, 2), put(0, 2), put(0, 4), put(1, 4), put(1, 4);
+  put(name.size(), 2), put(0, 2);
+  zip.insert(zip.end(), name.begin(), name.end());
+  zip.push_back('x');
+  const uint64_t directory = zip.size();
+  put(0x02014b50, 4);  // central directory entry: every 32-bit field says "see zip64"
+  put(20, 2), put(20, 2), put(0, 2), put(0, 2), put(0, 2), put(0, 2), put(0, 4);
+  put(0xFFFFFFFF, 4), put(0xFFFFFFFF, 4);
+  put(name.size(), 2), put(4, 2), put(0, 2), put(0, 2), put(0, 2), put(0, 4), put(0xFFFFFFFF, 4);
+  zip.insert(zip.end(), name.begin(), name.end());
+  put(0x0001, 2), put(0xFFFF, 2);  // the zip64 field, claiming 65535 bytes
+  const uint64_t directory_size = zip.size() - directory;
+  put(0x06054b50, 4);  // end of central directory
+  put(0, 2), put(0, 2), put(1, 2), put(1, 2), put(directory_size, 4), put(directory, 4), put(0, 2);
+  TempDir dir{"lockstep_ckpt"};
+  write_bytes(dir / "crafted.ckpt", zip);
+  expect_load_error(dir / "crafted.ckpt", "record data.pkl has a damaged zip64 field");
 }
 
 TEST(CheckpointIOTest, OtherFilesAreNotCheckpoints) {

@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <lockstep/distributed/collectives.h>
+
 #include "../../support/parity.h"
 #include "../../support/thread_ranks.h"
 
@@ -345,6 +347,96 @@ TEST(DDP, StaticGraphTrainsAModelThatAlwaysSkipsABranch) {
     worst.update(w);
   });
   std::cout << "[ static_graph ] world " << world << ": max |diff| " << worst.value << "\n";
+}
+
+// A branch used only in a no_sync micro-step (never in the synchronised one) still counts as
+// used in that accumulation window, as in PyTorch: its gradient is averaged over the ranks in
+// both gradient_as_bucket_view modes, never left local (which would move the replicas apart).
+class DDPNoSyncOnlyBranch : public ::testing::TestWithParam<bool> {};
+
+TEST_P(DDPNoSyncOnlyBranch, IsAveragedOnEveryRank) {
+  single_threaded();
+  const bool view = GetParam();
+  const int world = 2;
+  std::vector<at::Tensor> accumulated(world), reduced(world);
+  run_ranks(world, [&](ProcessGroup& g) {
+    Branchy model;
+    DistributedDataParallel ddp(model, g, DDPOptions().find_unused_parameters(true).gradient_as_bucket_view(view)
+                                              .bucket_cap_mb(0.0005).first_bucket_mb(0.0002));
+    torch::optim::SGD opt(ddp.parameters(), 0.1);
+    for (int step = 0; step < 3; ++step) {  // the second step rebuilds buckets; the third runs on them
+      opt.zero_grad();
+      const auto x = torch::full({4, 8}, 0.1 * (g.rank() + 1) + 0.01 * step);  // rank-dependent inputs
+      {
+        auto guard = ddp.no_sync();
+        ddp.forward(x, true).pow(2).sum().backward();
+      }
+      accumulated[g.rank()] = model->fc3->weight.grad().clone();
+      ddp.forward(x, false).sum().backward();
+      reduced[g.rank()] = model->fc3->weight.grad().clone();
+      opt.step();
+      // Both ranks have recorded this step before either compares.
+      barrier(g, "recorded");
+      const auto mean = (accumulated[0] + accumulated[1]) / 2;
+      EXPECT_TRUE(reduced[g.rank()].equal(reduced[1 - g.rank()])) << "step " << step << " rank " << g.rank();
+      EXPECT_TRUE(reduced[g.rank()].allclose(mean, 1e-6, 1e-7))
+          << "step " << step << " rank " << g.rank() << ": max |diff| "
+          << (reduced[g.rank()] - mean).abs().max().item<double>();
+      EXPECT_FALSE(accumulated[0].equal(accumulated[1])) << "the ranks' own gradients must differ";
+      barrier(g, "compared");
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(View, DDPNoSyncOnlyBranch, ::testing::Bool());
+
+// backward(retain_graph), then backward again without a forward: the second pass's gradients
+// would stay local. Every rank refuses it at once, naming the fix.
+TEST(DDP, ASecondBackwardThroughOneForwardIsAnErrorOnEveryRank) {
+  single_threaded();
+  std::mutex mutex;
+  std::vector<std::string> errors;
+  std::chrono::steady_clock::duration slowest{};
+  run_ranks(2, [&](ProcessGroup& g) {
+    ParityMlp model;
+    DistributedDataParallel ddp(model, g);
+    auto loss = ddp.forward(torch::randn({4, 8})).sum();
+    loss.backward({}, /*retain_graph=*/true);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      loss.backward();
+      ADD_FAILURE() << "rank " << g.rank() << ": the second backward was accepted";
+    } catch (const c10::Error& e) {  // the autograd engine rethrows the hook's error as c10::Error
+      std::lock_guard<std::mutex> lock(mutex);
+      errors.push_back(e.what_without_backtrace());
+      slowest = std::max(slowest, std::chrono::steady_clock::now() - start);
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mutex);
+      errors.push_back(e.what());
+      slowest = std::max(slowest, std::chrono::steady_clock::now() - start);
+    }
+  }, std::chrono::seconds(20));
+  ASSERT_EQ(errors.size(), 2u);
+  for (const auto& m : errors) {
+    EXPECT_NE(m.find("a second backward through the same forward"), std::string::npos) << m;
+    EXPECT_NE(m.find("no_sync()"), std::string::npos) << m;
+    EXPECT_NE(m.find("static_graph(true)"), std::string::npos) << m;
+  }
+  EXPECT_LT(slowest, std::chrono::seconds(1));
+}
+
+// A backward under no_sync may follow another one (accumulation) without any error.
+TEST(DDP, BackwardsUnderNoSyncMayRepeat) {
+  single_threaded();
+  run_ranks(2, [](ProcessGroup& g) {
+    ParityMlp model;
+    DistributedDataParallel ddp(model, g);
+    ddp.forward(torch::randn({4, 8})).sum().backward();
+    auto guard = ddp.no_sync();
+    auto loss = ddp.forward(torch::randn({4, 8})).sum();
+    loss.backward({}, /*retain_graph=*/true);
+    EXPECT_NO_THROW(loss.backward());
+  });
 }
 
 class DDPUnusedError : public ::testing::TestWithParam<double> {};

@@ -169,6 +169,39 @@ INSTANTIATE_TEST_SUITE_P(WorldFindUnusedOrStatic, DDPJoinUsage,
                          ::testing::Combine(::testing::Values(2, 4), ::testing::Bool()));
 
 // A rank without any batch joins at once and shadows every step, the bucket rebuild included.
+// A joined rank's own gradients (views into its buckets with gradient_as_bucket_view) are left
+// as they were while it shadows the others, through Gloo and through shared memory alike.
+class DDPJoinShadow : public ::testing::TestWithParam<bool> {};
+
+TEST_P(DDPJoinShadow, LeavesTheJoinedRanksGradientsAlone) {
+  torch::set_num_threads(1);
+  const bool shared_memory = GetParam();
+  run_ranks(2, [&](ProcessGroup& g) {
+    ParityMlp model;
+    DistributedDataParallel ddp(model, g, DDPOptions().gradient_as_bucket_view(true).shared_memory(shared_memory));
+    ASSERT_EQ(ddp.reducer().uses_shared_memory(), shared_memory);
+    torch::optim::SGD opt(ddp.parameters(), 0.1);
+    std::vector<at::Tensor> last_grads;
+    {
+      auto join = ddp.join();
+      const int batches = g.rank() == 0 ? 1 : 3;
+      for (int s = 0; s < batches; ++s) {
+        opt.zero_grad();
+        ddp.forward(torch::full({2, 8}, 0.5 * (g.rank() + 1) + s)).sum().backward();
+        opt.step();
+      }
+      for (const auto& p : model->parameters()) last_grads.push_back(p.grad().clone());
+    }
+    if (g.rank() != 0) return;
+    const auto params = model->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_TRUE(params[i].grad().equal(last_grads[i])) << "parameter " << i << ": the shadow steps changed it";
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(SharedMemory, DDPJoinShadow, ::testing::Bool());
+
 TEST(DDPJoin, ARankWithoutBatches) {
   torch::set_num_threads(1);
   const std::vector<int> batches{0, 4};

@@ -1,6 +1,9 @@
 #include <lockstep/distributed/shared_memory_allreduce.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
+#include <thread>
 #include <set>
 #include <string>
 #include <vector>
@@ -125,10 +128,15 @@ TEST(SharedMemoryAllreduce, HostsItCannotServeAreRefusedOnEveryRank) {
 
 TEST(SharedMemoryAllreduce, ARankThatNeverArrivesIsATimeoutNamingIt) {
   std::string message;
+  std::atomic<bool> done{false};
   run_ranks(2, [&](ProcessGroup& g) {
     auto shared = SharedMemoryAllreduce::connect(g, 4096);
     ASSERT_TRUE(shared);
-    if (g.rank() == 1) return;  // never reduces
+    if (g.rank() == 1) {  // stays connected but never reduces
+      while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      return;
+    }
+    const struct Done { std::atomic<bool>& flag; ~Done() { flag = true; } } finished{done};
     message = lockstep::testing::error_of<DistributedError>([&] { reduced(shared->allreduce(0, torch::ones({8}), 2)); });
     // The transport is broken from now on: later calls fail at once with the same story.
     EXPECT_NE(lockstep::testing::error_of<DistributedError>([&] { reduced(shared->allreduce(0, torch::ones({8}), 2)); })
@@ -186,7 +194,109 @@ TEST(SharedMemoryAllreduce, APeerThatExitedIsNamedBeforeTheTimeout) {
   EXPECT_EQ(result.out.find("timed out"), std::string::npos) << result.out;
 }
 
+// The last rank to arrive dies before it releases the barrier: every rank has arrived, so the
+// survivor must look at the arrived ranks' liveness too, not wait out the timeout.
+TEST(SharedMemoryAllreduce, APeerThatDiesInsideTheBarrierIsNamed) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto result = lockstep::testing::run_command(
+      {std::string(LOCKSTEP_BIN_DIR) + "/../tests/shared_memory_peer_exit", "inside-barrier"}, {},
+      std::chrono::seconds(60));
+  EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
+  EXPECT_NE(result.out.find("rank(s) 1 exited (gradients written, barrier 1)"), std::string::npos) << result.out;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30)) << "the 60 s timeout ran out";
+}
+
+// A peer whose process lives on but that stopped reducing (its DDP destroyed, an exception in
+// its training step) is named within a second, not after the group timeout (20 s here).
+TEST(SharedMemoryAllreduce, APeerThatLeftAliveIsNamedWithinASecond) {
+  std::string message;
+  std::chrono::steady_clock::duration waited{};
+  run_ranks(2, [&](ProcessGroup& g) {
+    auto shared = SharedMemoryAllreduce::connect(g, 4096);
+    ASSERT_TRUE(shared);
+    barrier(g, "connected");
+    if (g.rank() == 1) {
+      shared.reset();  // leaves; this thread (its "process") goes on
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    message = lockstep::testing::error_of<DistributedError>([&] { reduced(shared->allreduce(0, torch::ones({8}), 2)); });
+    waited = std::chrono::steady_clock::now() - start;
+  }, forever());
+  EXPECT_LT(waited, std::chrono::seconds(1));
+  EXPECT_NE(message.find("rank 0/2: shared-memory allreduce of a DDP bucket: rank(s) 1 left the reduction"),
+            std::string::npos) << message;
+}
+
+// The same through DDP: rank 1's DistributedDataParallel is destroyed (as an exception in its
+// training step would) while rank 0 reduces.
+TEST(DDPSharedMemory, ARankWhoseDDPIsGoneIsNamedWithinASecond) {
+  std::string message;
+  std::chrono::steady_clock::duration waited{};
+  run_ranks(2, [&](ProcessGroup& g) {
+    lockstep::testing::ParityMlp model;
+    auto ddp = make_ddp(model, g);
+    ASSERT_TRUE(ddp->reducer().uses_shared_memory());
+    barrier(g, "built");
+    if (g.rank() == 1) {
+      ddp.reset();
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    message = lockstep::testing::error_of<DistributedError>([&] { ddp->forward(torch::ones({2, 8})).sum().backward(); });
+    waited = std::chrono::steady_clock::now() - start;
+  }, forever());
+  EXPECT_LT(waited, std::chrono::seconds(1));
+  EXPECT_NE(message.find("rank(s) 1 left the reduction"), std::string::npos) << message;
+  EXPECT_EQ(message.find("timed out"), std::string::npos) << message;
+}
+
+// Ranks of one host that disagree on the segment's size are refused at connect (fstat), never
+// mapped past the end of the memfd (SIGBUS at the first touch).
+TEST(SharedMemoryAllreduce, ASegmentOfTheWrongSizeIsRefused) {
+  run_ranks(2, [](ProcessGroup& g) {
+    std::string why;
+    EXPECT_FALSE(SharedMemoryAllreduce::connect(g, g.rank() == 0 ? 4096 : 3 * 4096, "", &why));
+    EXPECT_NE(why.find("its host's segment holds "), std::string::npos) << why;
+    EXPECT_NE(why.find("bytes (ranks of one host disagree on the buckets' size)"), std::string::npos) << why;
+    EXPECT_NE(why.find("(rank 1)"), std::string::npos) << why;
+  }, forever());
+}
+
+// Ranks in different reductions (another offset, size or dtype) fail naming both sides instead
+// of mixing their data.
+TEST(SharedMemoryAllreduce, RanksInDifferentReductionsFailNamingBoth) {
+  std::vector<std::string> messages(2);
+  run_ranks(2, [&](ProcessGroup& g) {
+    auto shared = SharedMemoryAllreduce::connect(g, 4096);
+    ASSERT_TRUE(shared);
+    const int64_t offset = g.rank() == 0 ? 0 : 64;
+    messages[g.rank()] = lockstep::testing::error_of<DistributedError>(
+        [&] { reduced(shared->allreduce(offset, torch::ones({8}), 2)); });
+  }, forever());
+  EXPECT_NE(messages[0].find("ranks reduce different buckets: rank 0 has offset 0, 8 Float values, rank 1 has "
+                             "offset 64, 8 Float values"), std::string::npos) << messages[0];
+  EXPECT_NE(messages[1].find("rank 1 has offset 64, 8 Float values, rank 0 has offset 0"), std::string::npos)
+      << messages[1];
+}
+
 // ---- DDP over shared memory -------------------------------------------------------------------
+
+// When shared memory is refused, rank 0 says so once, with the transport used instead.
+TEST(DDPSharedMemory, RankZeroSaysOnceWhyNotSharedMemory) {
+  ::testing::internal::CaptureStderr();
+  run_ranks(3, [](ProcessGroup& g) {
+    lockstep::testing::ParityMlp first, second;
+    DistributedDataParallel a(first, g, DDPOptions().shared_memory(false));
+    DistributedDataParallel b(second, g, DDPOptions().shared_memory(false));
+  }, forever());
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  const std::string line =
+      "lockstep: DDP averages gradients through gloo, not shared memory: turned off in DDPOptions (ranks 0, 1, 2).\n";
+  const auto at = err.find(line);
+  EXPECT_NE(at, std::string::npos) << err;
+  EXPECT_EQ(err.find(line, at + 1), std::string::npos) << "said more than once: " << err;
+}
 
 // Trains 2 ranks for a few steps and returns rank 0's parameters.
 std::vector<at::Tensor> train_two_ranks(bool shared_memory, bool view, std::string* transport) {

@@ -304,6 +304,19 @@ TEST(SyncBatchNorm, ATypedMemberThatBypassesTheConversionIsAnError) {
   EXPECT_NE(errors[0].find("Declare that member as lockstep::distributed::SyncBatchNorm"), std::string::npos) << errors[0];
 }
 
+// Found right after the conversion (what --sync-batchnorm checks at setup): the typed member
+// still holds the replaced BatchNorm; a Sequential's BatchNorm is replaced everywhere.
+TEST(SyncBatchNorm, BatchNormsHeldByTypedMembersAreFoundAtConversion) {
+  run_ranks(1, [](ProcessGroup& g) {
+    Typed typed;
+    convert_sync_batchnorm(typed.ptr(), g);
+    EXPECT_EQ(detail::replaced_batchnorms_still_held(*typed), std::vector<std::string>{"bn"});
+    auto seq = torch::nn::Sequential(torch::nn::Linear(4, 3), torch::nn::BatchNorm1d(3));
+    convert_sync_batchnorm(seq.ptr(), g);
+    EXPECT_TRUE(detail::replaced_batchnorms_still_held(*seq).empty());
+  });
+}
+
 TEST(SyncBatchNorm, MomentumNoneIsACumulativeAverageAsInBatchNorm) {
   torch::set_num_threads(1);
   torch::manual_seed(8);

@@ -154,6 +154,19 @@ TEST(subprocess_launcher_name, IsSubprocess) {
   EXPECT_EQ(SubprocessLauncher().name(), "subprocess");
 }
 
+// Rank 0 scrubs a secret from its argv in place before launching: the workers are still started
+// with the command line the program was started with, not the edited memory.
+TEST_F(subprocess_launcher_job, WorkersGetTheArgvTheProgramStartedWith) {
+  TempDir dir;
+  const auto process = run_program(dir, 2, {"grace=500", "scrub", "--token=secret"});
+  ASSERT_EQ(wait_exit(process.pid, milliseconds(15000)), 0) << process.stderr_text();
+  const auto rank0 = read_variables(dir.file("rank.0"));
+  const auto rank1 = read_variables(dir.file("rank.1"));
+  ASSERT_FALSE(rank1.empty()) << process.stderr_text();
+  EXPECT_NE(rank0.at("ARGS").find("scrub xxxxxxxxxxxxxx"), std::string::npos) << "rank 0 scrubbed: " << rank0.at("ARGS");
+  EXPECT_NE(rank1.at("START_ARGS").find("scrub --token=secret"), std::string::npos) << rank1.at("START_ARGS");
+}
+
 }  // namespace
 }  // namespace launchers
 }  // namespace lockstep

@@ -64,7 +64,15 @@ TEST_F(TrainerBadInput, EveryCaseExitsTwoAndNamesTheFix) {
       {{"--limit-train-batches", "lots"}, {}, "fraction (0.25) nor a batch count (10)"},
       {{"--limit-train-batches", "1.5"}, {}, "for a count write an integer"},
       {{"--gradient-clip-algorithm", "norm2"}, {}, "value"},
-      {{"--process-group-backend", "nccl"}, {}, "--process-group-backend gloo"},
+      {{"--process-group-backend", "nccl"}, {}, "can create gloo. Use --process-group-backend gloo"},
+      {{"--process-group-backend", "mpi"}, {}, "can create gloo. Use --process-group-backend gloo"},
+      {{"--strategy", "ddp_cpu"}, {}, "Use --accelerator cpu --strategy ddp --devices N"},
+      {{"--strategy", "ddp2"}, {}, "removed from Lightning 1.7. Use --strategy ddp"},
+      {{"--accelerator", "ddp"}, {}, "ddp is a strategy (Lightning 1.x took it as an accelerator). Use --accelerator cpu, cuda or auto and --strategy ddp."},
+      {{"--accelerator", "ddp_cpu"}, {}, "and --strategy ddp."},
+      {{"--tpu-cores", "8"}, {}, "--tpu-cores: TPUs need torch_xla"},
+      {{"--gpus", "2"}, {}, "--gpus: Lightning 1.7 replaced it: use --accelerator cuda --devices N"},
+      {{"--num-processes", "2"}, {}, "use --accelerator cpu --devices N --strategy ddp"},
       {{"--timeout", "0"}, {}, "--timeout"},
       {{"--seed", "-7"}, {}, "--seed"},
       {{"--ckpt-path", d + "/missing.ckpt"}, {}, "missing.ckpt"},
@@ -72,6 +80,9 @@ TEST_F(TrainerBadInput, EveryCaseExitsTwoAndNamesTheFix) {
       {{"--ckpt-path", d + "/truncated.ckpt"}, {}, "truncated.ckpt"},
       {{"--ckpt-path", "last"}, {}, "train once first"},
       {{"--no-such-flag"}, {}, "--help"},
+      {{"--max-epoch", "1"}, {}, "trainer_program: error: unknown flag --max-epoch; did you mean --max-epochs?"},
+      {{"--device", "2"}, {}, "unknown flag --device; did you mean --devices?"},
+      {{"--stratgy", "ddp"}, {}, "unknown flag --stratgy; did you mean --strategy?"},
       {{}, {{"LOCKSTEP_TRAINER_DEVICES", "-3"}}, "at least 1"},
       {{}, {{"LOCKSTEP_TRAINER_STRATEGY", "horovod"}}, "Use --strategy ddp"},
       {{}, {{"LOCKSTEP_TRAINER_PRECISION", "half"}}, "Use 32-true"},
@@ -102,6 +113,21 @@ TEST_F(TrainerBadInput, EveryCaseExitsTwoAndNamesTheFix) {
     EXPECT_FALSE(std::filesystem::exists(dir / "params.0.pt")) << "case " << i << " trained anyway";
   }
   EXPECT_GE(cases.size(), 30u);
+}
+
+// A LOCKSTEP_TRAINER_* variable that matches no flag is not silently ignored: a warning names the
+// nearest real one, and the run goes on.
+TEST_F(TrainerBadInput, AnUnknownTrainerVariableIsAWarningNamingTheNearestFlag) {
+  const std::string d = dir.string();
+  auto result = testing::run_command(
+      {std::string(LOCKSTEP_BIN_DIR) + "/../tests/trainer_program", "--out", d, "--default-root-dir", d + "/runs",
+       "--max-epochs", "1"},
+      {{"PATH", "/usr/bin:/bin"}, {"LOCKSTEP_NO_BLAS_WARNING", "1"}, {"LOCKSTEP_TRAINER_MAX_EPOCH", "3"}},
+      std::chrono::seconds(60));
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.err.find("trainer_program: warning: LOCKSTEP_TRAINER_MAX_EPOCH matches no flag and is ignored; "
+                            "did you mean LOCKSTEP_TRAINER_MAX_EPOCHS?"),
+            std::string::npos) << result.err;
 }
 
 }  // namespace

@@ -95,5 +95,30 @@ TEST(ConnectorGpus, TooFewFreeDevicesIsAUsageError) {
   EXPECT_EQ(gpus.calls(), 5 * 4);
 }
 
+// Mixed precision on CUDA has no autocast (or loss scaling) yet: refused, never float32 under
+// another name. On the CPU bf16-mixed is real (CPU autocast).
+TEST(ConnectorPrecision, MixedPrecisionOnCudaIsRefusedUntilItExists) {
+  FakeGpus gpus{{}};
+  for (const char* precision : {"16-mixed", "16", "bf16-mixed", "bf16"}) {
+    const auto message =
+        error_of<UsageError>([&] { resolve_plan(cuda("1").precision(precision), environments::Environ(), nullptr, 1, gpus.probe()); });
+    EXPECT_NE(message.find("on CUDA is not implemented yet"), std::string::npos) << precision << ": " << message;
+    EXPECT_NE(message.find("Use --precision 32-true on CUDA"), std::string::npos) << message;
+  }
+  EXPECT_EQ(normalise_precision("bf16-mixed", "cpu"), "bf16-mixed");
+  EXPECT_EQ(normalise_precision("32", "cuda"), "32-true");
+}
+
+// The default backend on CUDA (nccl) is not in this build: the message lists what is.
+TEST(ConnectorBackend, ABackendThisBuildCannotCreateIsRefusedListingTheOnesItCan) {
+  FakeGpus gpus{{}};
+  for (const char* backend : {"", "nccl", "mpi"}) {
+    auto options = TrainerOptions().accelerator("cuda").devices("1").process_group_backend(backend);
+    const auto message = error_of<UsageError>([&] { resolve_plan(options, environments::Environ(), nullptr, 1, gpus.probe()); });
+    EXPECT_NE(message.find("is not available: this build of Lockstep can create gloo. Use --process-group-backend gloo."),
+              std::string::npos) << backend << ": " << message;
+  }
+}
+
 }  // namespace
 }  // namespace lockstep

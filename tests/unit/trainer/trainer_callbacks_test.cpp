@@ -74,6 +74,42 @@ TEST_F(TrainerCallbacksTest, CheckpointsRunAfterOtherCallbacksAndAreNotDuplicate
   EXPECT_EQ(trainer.callbacks()[1], mine);
 }
 
+// Records what goes through it, then does it.
+struct RecordingIO : checkpoint::CheckpointIO {
+  void save(const c10::IValue& checkpoint, const std::string& path) const override {
+    calls.push_back("save " + fs::path(path).filename().string());
+    CheckpointIO::save(checkpoint, path);
+  }
+  checkpoint::Checkpoint load(const std::string& path) const override {
+    calls.push_back("load " + fs::path(path).filename().string());
+    return CheckpointIO::load(path);
+  }
+  void remove(const std::string& path) const override {
+    calls.push_back("remove " + fs::path(path).filename().string());
+    CheckpointIO::remove(path);
+  }
+  mutable std::vector<std::string> calls;
+};
+
+// Every save, load and removal of the Trainer and its ModelCheckpoint goes through the
+// CheckpointIO the Trainer was given.
+TEST_F(TrainerCallbacksTest, EveryCheckpointGoesThroughTheTrainersCheckpointIO) {
+  auto io = std::make_shared<RecordingIO>();
+  Trainer trainer(options().enable_progress_bar(false));
+  trainer.set_checkpoint_io(io);
+  fit(trainer);
+  EXPECT_EQ(io->calls, (std::vector<std::string>{"save epoch=0-step=2.ckpt", "save last.ckpt", "save epoch=1-step=4.ckpt",
+                                                 "remove epoch=0-step=2.ckpt", "save last.ckpt"}));
+  auto resumed_io = std::make_shared<RecordingIO>();
+  Trainer resumed(options().enable_progress_bar(false).max_epochs(3).ckpt_path(
+      (fs::path(trainer.log_dir()) / "checkpoints" / "last.ckpt").string()));
+  resumed.set_checkpoint_io(resumed_io);
+  fit(resumed);
+  ASSERT_FALSE(resumed_io->calls.empty());
+  EXPECT_EQ(resumed_io->calls.front(), "load last.ckpt");
+  EXPECT_EQ(resumed.global_step(), 6);
+}
+
 TEST_F(TrainerCallbacksTest, ProgressBarShowsEveryStepsValue) {
   // log_every_n_steps 50 writes no step row in 4 steps; the bar still shows the loss.
   Trainer trainer(options().enable_checkpointing(false).enable_progress_bar(false));

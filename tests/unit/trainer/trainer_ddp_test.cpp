@@ -126,5 +126,33 @@ TEST_F(TrainerDDP, ValidationWithinTheEpochRunsOnEveryRankAtTheSameBatches) {
   }
 }
 
+// Rank 0's own failure ends a self-launched job at once with rank 0's code: the worker is told,
+// not waited for (60 s at exit before), and not blamed. A worker's failure is still reported as
+// before.
+TEST_F(TrainerDDP, RankZerosFailureEndsTheJobAtOnceWithItsCode) {
+  for (int failing : {0, 1}) {
+    const auto out = dir / ("fail_" + std::to_string(failing));
+    std::filesystem::create_directories(out);
+    const auto start = std::chrono::steady_clock::now();
+    const auto result = testing::run_command(
+        {std::string(LOCKSTEP_BIN_DIR) + "/../tests/trainer_program", "--out", out.string(), "--default-root-dir",
+         (dir / "runs").string(), "--timeout", "60", "--devices", "2", "--strategy", "ddp", "--max-epochs", "2",
+         "--fail-on-rank", std::to_string(failing)},
+        {{"PATH", "/usr/bin:/bin"}, {"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(90));
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(result.exit_code, 1) << "rank " << failing << ": " << result.err;
+    EXPECT_LT(seconds, 20.0) << "rank " << failing << ": " << result.err;
+    EXPECT_NE(result.err.find("rank " + std::to_string(failing) + " fails on purpose"), std::string::npos) << result.err;
+    if (failing == 0) {
+      EXPECT_NE(result.err.find("local rank 0 failed (exit code 1); terminating 1 other worker(s) without waiting"),
+                std::string::npos) << result.err;
+      EXPECT_EQ(result.err.find("worker local_rank=1"), std::string::npos) << "the worker was blamed: " << result.err;
+      EXPECT_EQ(result.err.find("still ran"), std::string::npos) << result.err;
+    } else {
+      EXPECT_NE(result.err.find("worker local_rank=1"), std::string::npos) << result.err;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace lockstep

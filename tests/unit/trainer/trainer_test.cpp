@@ -129,6 +129,21 @@ TEST_F(TrainerTest, MaxStepsAndLimitBatchesAndAccumulation) {
   EXPECT_EQ(t2.global_step(), 2);
 }
 
+// --benchmark sets LibTorch's cudnn.benchmark flag at fit (both ways), and on the CPU says that
+// it changes nothing there.
+TEST_F(TrainerTest, BenchmarkSetsTheCudnnFlagAndSaysItDoesNothingOnTheCpu) {
+  auto data = regression_data(32);
+  for (bool benchmark : {true, false}) {
+    at::globalContext().setBenchmarkCuDNN(!benchmark);
+    ::testing::internal::CaptureStderr();
+    Trainer trainer(options().max_epochs(1).benchmark(benchmark));
+    trainer.fit(std::make_shared<Regressor>(false), std::make_shared<DataLoader>(data, DataLoaderOptions(16)));
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(at::globalContext().benchmarkCuDNN(), benchmark);
+    EXPECT_EQ(err.find("--benchmark true has no effect on the CPU") != std::string::npos, benchmark) << err;
+  }
+}
+
 TEST_F(TrainerTest, BadSettingsAreUsageErrors) {
   auto data = regression_data(16);
   auto loader = [&] { return std::make_shared<DataLoader>(data, DataLoaderOptions(8)); };
