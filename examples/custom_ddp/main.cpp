@@ -10,6 +10,7 @@
 #include <memory>
 
 #include <nlohmann/json.hpp>
+#include <torch/torch.h>
 
 #include <lockstep/cli/guarded_main.h>
 #include <lockstep/cli/trainer_flags.h>

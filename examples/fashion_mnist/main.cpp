@@ -2,6 +2,8 @@
 //   build/bin/fashion_mnist --devices 2 --strategy ddp --max-epochs 3
 #include <iostream>
 
+#include <torch/torch.h>
+
 #include <lockstep/cli/guarded_main.h>
 #include <lockstep/cli/trainer_flags.h>
 #include <lockstep/core/usage_error.h>

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <iostream>
 
+#include <torch/torch.h>
+
 #define STB_IMAGE_WRITE_IMPLEMENTATION
 #include <stb/stb_image_write.h>
 

@@ -22,9 +22,10 @@ int main(int argc, char** argv) {
     TrainerOptions options;
     cli::add_trainer_flags(app, options);          // --devices 2 --strategy ddp --max-epochs 3 ...
     if (int code = cli::parse_or_exit_code(app, argc, argv); code >= 0) return code;
-    auto data = std::make_shared<data::IdxExamples>(data::IdxDatasetOptions().flatten(true));
+    // Fashion-MNIST images are [N, 1, 28, 28]; flatten(true) makes them 784 values for the Linear layer.
+    auto images = std::make_shared<data::IdxExamples>(data::IdxDatasetOptions().flatten(true));
     Trainer trainer(options);
-    trainer.fit(std::make_shared<Net>(), std::make_shared<DataLoader>(data, DataLoaderOptions(64).shuffle(true)));
+    trainer.fit(std::make_shared<Net>(), std::make_shared<DataLoader>(images, DataLoaderOptions(64).shuffle(true)));
     return 0;
   });
 }

@@ -37,6 +37,37 @@ nlohmann::json env_json(const std::map<std::string, std::string>& env, std::vect
   return nlohmann::json::parse(result.out);
 }
 
+// --version names the program, Lockstep's version and the LibTorch it was built against, on the
+// command and on every example.
+TEST(LockstepVersion, EveryProgramSaysItsVersionAndItsLibTorch) {
+  for (const std::string program : {"lockstep", "fashion_mnist", "gan", "custom_ddp", "readme_net"}) {
+    auto result = run_command({std::string(LOCKSTEP_BIN_DIR) + "/" + program, "--version"}, plain_environment());
+    EXPECT_EQ(result.exit_code, 0) << program << ": " << result.err;
+    EXPECT_EQ(result.out.rfind(program + " (Lockstep 0.1.0, built against LibTorch 1.13", 0), 0u) << result.out;
+  }
+}
+
+// One "lockstep: error:" prefix, not two.
+TEST(LockstepPlot, AWrongFolderIsOneClearError) {
+  auto result = run_command({lockstep_bin, "plot", "/nonexistent/run"}, plain_environment());
+  EXPECT_EQ(result.exit_code, 2) << result.err;
+  EXPECT_EQ(result.err.rfind("lockstep: error: /nonexistent/run/metrics.csv does not exist", 0), 0u) << result.err;
+  EXPECT_EQ(result.err.find("lockstep plot:"), std::string::npos) << result.err;
+}
+
+// --devices 2 on a plain machine: the job is 2 processes, this one is rank 0 of 1 until fit
+// launches the other; both are labelled.
+TEST(LockstepEnv, TheJobAndThisProcessAreLabelled) {
+  auto result = run_command({lockstep_bin, "env", "--devices", "2"}, plain_environment());
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("job: 2 process(es) = 2 per node x 1 node(s); strategy ddp"), std::string::npos)
+      << result.out;
+  EXPECT_NE(result.out.find("this process: global rank 0 of 1, local rank 0, node 0 (the Trainer starts the other "
+                            "1 process(es) in fit)"),
+            std::string::npos) << result.out;
+  EXPECT_EQ(env_json(plain_environment(), {"--devices", "2"})["job_world_size"], 2);
+}
+
 TEST(LockstepEnv, PlainMachineIsLocal) {
   auto j = env_json(plain_environment());
   EXPECT_EQ(j["environment"], "local");

@@ -26,7 +26,10 @@ nlohmann::json describe(const EnvArgs& args) {
   const auto plan = resolve_plan(args.flags, environments::Environ::from_process(), nullptr,
                                  accelerators::cuda_device_count());
   const auto& env = *plan.environment;
-  return {{"environment", env.name()},
+  // The job: what this process joins under a scheduler, or what the Trainer will launch.
+  const int job_size = env.creates_processes_externally() ? env.world_size() : plan.devices_per_node * plan.num_nodes;
+  return {{"job_world_size", job_size},
+          {"environment", env.name()},
           {"world_size", env.world_size()},
           {"global_rank", env.global_rank()},
           {"local_rank", env.local_rank()},
@@ -55,8 +58,17 @@ Command add_env_command(CLI::App& app) {
       std::cout << info.dump() << std::endl;
       return 0;
     }
+    // Labelled: the job as a whole, then this process (before a self-launch it is alone).
+    const int job = info["job_world_size"], mine = info["world_size"];
+    std::cout << "job: " << job << " process(es) = " << info["devices"].dump() << " per node x "
+              << info["num_nodes"].dump() << " node(s); strategy " << info["strategy"].get<std::string>()
+              << ", accelerator " << info["accelerator"].get<std::string>() << "\n";
+    std::cout << "this process: global rank " << info["global_rank"].dump() << " of " << mine << ", local rank "
+              << info["local_rank"].dump() << ", node " << info["node_rank"].dump();
+    if (job > mine) std::cout << " (the Trainer starts the other " << job - mine << " process(es) in fit)";
+    std::cout << "\n";
     for (const auto& [key, value] : info.items()) {
-      std::cout << key << ": " << (value.is_string() ? value.get<std::string>() : value.dump()) << "\n";
+      std::cout << "  " << key << ": " << (value.is_string() ? value.get<std::string>() : value.dump()) << "\n";
     }
     return 0;
   }};

@@ -1,9 +1,5 @@
 // lockstep: inspect the environment, launch and supervise workers, benchmark collectives.
-#include <iostream>
-
-#include <lockstep/core/usage_error.h>
-#include <lockstep/environments/cluster_environment.h>
-#include <lockstep/launchers/launch_error.h>
+#include <lockstep/cli/guarded_main.h>
 #include <lockstep/cli/trainer_flags.h>
 
 #include "commands.h"
@@ -17,17 +13,10 @@ int main(int argc, char** argv) {
                                                lockstep::tool::add_plot_command(app)};
   const int parsed = lockstep::cli::parse_or_exit_code(app, argc, argv);
   if (parsed >= 0) return parsed;
-  try {
+  return lockstep::cli::guarded_main("lockstep", [&] {
     for (const auto& command : commands) {
       if (command.app->parsed()) return command.run();
     }
     return 2;
-  } catch (const lockstep::UsageError& e) {
-    std::cerr << "lockstep: error: " << e.what() << "\n";
-  } catch (const lockstep::environments::EnvironmentError& e) {
-    std::cerr << "lockstep: error: " << e.what() << "\n";
-  } catch (const lockstep::launchers::LaunchError& e) {
-    std::cerr << "lockstep: error: " << e.what() << "\n";
-  }
-  return 2;
+  });
 }

@@ -52,12 +52,12 @@ Command add_plot_command(CLI::App& app) {
             const std::filesystem::path dir(*run_dir);
             const auto csv = dir / "metrics.csv";
             if (!std::filesystem::exists(csv)) {
-              throw UsageError("lockstep plot: " + csv.string() + " does not exist; give the run directory that "
+              throw UsageError(csv.string() + " does not exist; give the run directory that "
                                "holds metrics.csv (fit prints it as log_dir).");
             }
             const auto columns = csv_header(csv);
             if (columns.empty() || columns[0] != "step") {
-              throw UsageError("lockstep plot: " + csv.string() + " is not a Lockstep metrics.csv (its first column "
+              throw UsageError(csv.string() + " is not a Lockstep metrics.csv (its first column "
                                "is not 'step').");
             }
             int written = 0;
@@ -66,17 +66,17 @@ Command add_plot_command(CLI::App& app) {
               const std::string script = plot_script(csv, columns, word, png);
               if (script.empty()) continue;
               FILE* gnuplot = ::popen("gnuplot 2>&1", "w");
-              if (gnuplot == nullptr) throw UsageError("lockstep plot needs gnuplot: apt-get install gnuplot-nox");
+              if (gnuplot == nullptr) throw UsageError("plot needs gnuplot: apt-get install gnuplot-nox");
               std::fputs(script.c_str(), gnuplot);
               const int status = ::pclose(gnuplot);
               if (status != 0 || !std::filesystem::exists(png)) {
-                throw UsageError("lockstep plot: gnuplot failed to write " + png.string() +
+                throw UsageError("gnuplot failed to write " + png.string() +
                                  " (is gnuplot-nox installed? apt-get install gnuplot-nox)");
               }
               std::cout << "lockstep plot: wrote " << png.string() << "\n";
               ++written;
             }
-            if (written == 0) throw UsageError("lockstep plot: " + csv.string() + " has no loss or acc column.");
+            if (written == 0) throw UsageError(csv.string() + " has no loss or acc column.");
             return 0;
           }};
 }

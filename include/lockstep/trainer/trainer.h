@@ -117,6 +117,8 @@ class Trainer {
   void run_fit(const std::shared_ptr<TrainingModule>& module, const std::shared_ptr<DataLoader>& train,
                const std::shared_ptr<DataLoader>& val);
   void setup(const std::shared_ptr<TrainingModule>& module);
+  void check_resume_source() const;
+  std::string why_nothing_trained(int64_t epoch, int64_t max_epochs) const;
   void attach_sampler(DataLoader& loader, bool shuffle);
   void restore(const std::string& ckpt_path);
   void run_training_epoch(DataLoader& train, DataLoader* val);

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <torch/version.h>
+
 #include <lockstep/core/seed.h>
 
 extern char** environ;
@@ -161,10 +163,17 @@ int parse_or_exit_code(CLI::App& app, int argc, char** argv) {
   std::vector<std::string> flags, variables;
   collect_names(app, &flags, &variables);
   const std::string program = short_name(app.get_name().empty() && argc > 0 ? argv[0] : app.get_name());
+  if (app.get_version_ptr() == nullptr) {
+    app.set_version_flag("--version", program + " (Lockstep " LOCKSTEP_VERSION_STRING ", built against LibTorch " +
+                                          std::string(TORCH_VERSION) + ")");
+  }
   try {
     app.parse(argc, argv);
     warn_about_unknown_variables(program, variables);
     return -1;
+  } catch (const CLI::CallForVersion& e) {
+    std::cout << e.what() << "\n";
+    return 0;
   } catch (const CLI::ExtrasError& e) {
     for (const auto& word : app.remaining()) {
       if (word.rfind("--", 0) != 0) continue;

@@ -117,19 +117,30 @@ std::shared_ptr<ProcessGroup> ProcessGroup::init(const ProcessGroupOptions& opti
   if (!options.use_agent_store()) store_options.numWorkers = options.world_size();
   const std::string endpoint = options.main_address() + ":" + std::to_string(options.main_port());
   c10::intrusive_ptr<c10d::Store> store;
+  const auto started = std::chrono::steady_clock::now();
   try {
     store = c10::make_intrusive<c10d::TCPStore>(options.main_address(), store_options);
   } catch (const std::exception& e) {
-    const std::string check =
-        options.use_agent_store()
-            ? "Check that torchrun's agent is still running and listens at " + endpoint +
-                  " (TORCHELASTIC_USE_AGENT_STORE=True: every rank joins the agent's store)."
-            : "Check that every rank was started with the same MASTER_ADDR/MASTER_PORT, that rank 0 "
-              "is running and that the port is free.";
-    throw DistributedError("rank " + std::to_string(options.rank()) + "/" +
-                           std::to_string(options.world_size()) + ": rendezvous at " + endpoint +
-                           " failed within " + seconds(options.timeout()) + " (" + e.what() + "). " +
-                           check);
+    const std::string what = e.what();
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
+    // Say what happened: a timeout only when the timeout ran out.
+    const std::string how = waited >= options.timeout() ? "timed out after " + seconds(options.timeout())
+                                                        : "failed after " + seconds(waited);
+    std::string check;
+    if (what.find("Address already in use") != std::string::npos) {
+      check = "Port " + std::to_string(options.main_port()) + " is already in use on this machine (another job, or "
+              "one still shutting down): set MASTER_PORT to a free port, or leave it unset when the program "
+              "launches its own ranks (a free one is picked).";
+    } else if (options.use_agent_store()) {
+      check = "Check that torchrun's agent is still running and listens at " + endpoint +
+              " (TORCHELASTIC_USE_AGENT_STORE=True: every rank joins the agent's store).";
+    } else {
+      check = "Check that every rank was started with the same MASTER_ADDR/MASTER_PORT, that rank 0 is running and "
+              "that the port is free.";
+    }
+    throw DistributedError("rank " + std::to_string(options.rank()) + "/" + std::to_string(options.world_size()) +
+                           ": rendezvous at " + endpoint + " " + how + " (" + what.substr(0, what.find('\n')) +
+                           "). " + check);
   }
   if (options.use_agent_store()) {
     store = c10::make_intrusive<c10d::PrefixStore>(

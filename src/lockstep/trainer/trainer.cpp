@@ -1,5 +1,7 @@
 #include <lockstep/trainer/trainer.h>
 
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -115,10 +117,22 @@ bool has_callback(const std::vector<std::shared_ptr<Callback>>& callbacks) {
   return std::any_of(callbacks.begin(), callbacks.end(), [](const auto& c) { return dynamic_cast<T*>(c.get()) != nullptr; });
 }
 
-// `--ckpt-path last`: this run has a new version directory, so look for the newest
-// version_N/checkpoints/last.ckpt beside it (as Lightning's "last" finds the latest run's).
-std::string find_last_checkpoint(const std::string& log_dir) {
-  const auto runs = std::filesystem::path(log_dir).parent_path();
+// Once, in the process that launches the others.
+void warn_if_ranks_outnumber_cores(const ExecutionPlan& plan) {
+  if (plan.accelerator != "cpu") return;
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  if (::sched_getaffinity(0, sizeof(cpus), &cpus) != 0) return;
+  const int cores = CPU_COUNT(&cpus);
+  if (plan.devices_per_node <= cores) return;
+  std::cerr << "lockstep: warning: --devices " << plan.devices_per_node << " starts " << plan.devices_per_node
+            << " processes on " << cores << " CPU core(s): the ranks share cores and every step waits for the "
+            << "slowest, so the job runs slower than with --devices " << cores << ".\n";
+}
+
+// `--ckpt-path last`: the newest version_N/checkpoints/last.ckpt in the folder of the runs
+// (as Lightning's "last" finds the latest run's).
+std::string find_last_checkpoint(const std::filesystem::path& runs) {
   std::string best;
   int64_t best_version = -1;
   std::error_code ignored;
@@ -219,6 +233,7 @@ void Trainer::add_default_callbacks() {
 void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
   if (!module) throw UsageError("Trainer: the module is null; pass a std::shared_ptr to your TrainingModule.");
   if (!set_up_) {
+    check_resume_source();
     core::warn_if_reference_blas();
     if (options_.seed() >= 0) seed_everything(static_cast<uint64_t>(options_.seed()));
     if (options_.deterministic()) at::globalContext().setDeterministicAlgorithms(true, false);
@@ -231,6 +246,7 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
       ::setenv(kSelectedGpusVariable, ids.c_str(), 1);
     }
     if (auto launcher = plan_.strategy->launcher()) {
+      warn_if_ranks_outnumber_cores(plan_);
       launcher->launch();  // returns in every local process, each with its rank's variables set
       plan_ = resolve_plan(options_, environments::Environ::from_process(), plan_.strategy, cuda);
     }
@@ -516,11 +532,15 @@ void Trainer::run_fit(const std::shared_ptr<TrainingModule>& module, const std::
   int64_t max_epochs = options_.max_epochs();
   if (max_epochs < 0) max_epochs = options_.max_steps() < 0 ? 1000 : std::numeric_limits<int64_t>::max();
   should_stop_ = false;
+  const int64_t first_epoch = current_epoch_, first_step = global_step_;
   while (current_epoch_ < max_epochs && !should_stop_) {
     if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps()) break;
     run_training_epoch(*train, val.get());
     ++current_epoch_;
     epoch_completed_ = false;
+  }
+  if (current_epoch_ == first_epoch && global_step_ == first_step && plan_.strategy->is_global_zero()) {
+    std::cerr << "lockstep: warning: fit trained nothing: " << why_nothing_trained(first_epoch, max_epochs) << "\n";
   }
   // The steps not yet logged belong to the last epoch that ran.
   emit_step_metrics(true, std::max<int64_t>(0, current_epoch_ - 1));
@@ -601,9 +621,39 @@ void Trainer::save_checkpoint(const std::string& path) {
   plan_.strategy->barrier("save_checkpoint");
 }
 
+std::string Trainer::why_nothing_trained(int64_t epoch, int64_t max_epochs) const {
+  const std::string from = options_.ckpt_path().empty()
+                               ? ""
+                               : "the checkpoint (--ckpt-path " + options_.ckpt_path() + ") ends at epoch " +
+                                     std::to_string(epoch) + ", step " + std::to_string(global_step_) + ", which ";
+  if (epoch >= max_epochs) {
+    return (from.empty() ? std::string("") : from + "already reaches ") + "--max-epochs " +
+           std::to_string(options_.max_epochs()) + ". Raise --max-epochs to train.";
+  }
+  if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps()) {
+    return (from.empty() ? std::string("") : from + "already reaches ") + "--max-steps " +
+           std::to_string(options_.max_steps()) + ". Raise --max-steps to train.";
+  }
+  return "the loader gave no training batch (--limit-train-batches " + options_.limit_train_batches() +
+         ", " + std::to_string(num_training_batches_) + " batch(es)). Check the dataset and the limit.";
+}
+
+void Trainer::check_resume_source() const {
+  // Before a run folder is made or a rank launched, so that a bad path is one message, once.
+  const std::string& path = options_.ckpt_path();
+  if (path.empty()) return;
+  if (path != "last") {
+    checkpoint_io_->load(path);
+    return;
+  }
+  // A user's logger may keep its runs elsewhere: restore() looks beside its run folder then.
+  if (!loggers_set_by_user_) find_last_checkpoint(std::filesystem::path(options_.default_root_dir()) / loggers::LoggerOptions("").name());
+}
+
 void Trainer::restore(const std::string& ckpt_path) {
   std::string path = ckpt_path;
-  if (path == "last") path = find_last_checkpoint(log_dir_);
+  // This run has a new version folder: the newest last.ckpt beside it.
+  if (path == "last") path = find_last_checkpoint(std::filesystem::path(log_dir_).parent_path());
   auto ckpt = checkpoint_io_->load(path);
   checkpoint::require_keys(ckpt, {"state_dict", "optimizer_states", "epoch", "global_step", "loops"}, path);
   // A checkpoint of something else may have the keys but not their contents: LibTorch's type
@@ -611,6 +661,8 @@ void Trainer::restore(const std::string& ckpt_path) {
   const auto reading = [&](const char* key, const char* expected, const std::function<void()>& read) {
     try {
       read();
+    } catch (const UsageError& e) {
+      throw UsageError("checkpoint '" + path + "': " + e.what());
     } catch (const c10::Error& e) {
       const std::string why = e.what_without_backtrace();
       throw UsageError("checkpoint '" + path + "': \"" + key + "\" should hold " + expected + " (" +

@@ -422,7 +422,10 @@ TEST(DDP, ASecondBackwardThroughOneForwardIsAnErrorOnEveryRank) {
     EXPECT_NE(m.find("no_sync()"), std::string::npos) << m;
     EXPECT_NE(m.find("static_graph(true)"), std::string::npos) << m;
   }
-  EXPECT_LT(slowest, std::chrono::seconds(1));
+  // Local on every rank: no collective is waited for (the group timeout here is 20 s).
+  std::cout << "[ second backward ] refused after "
+            << std::chrono::duration<double>(slowest).count() << " s at most\n";
+  EXPECT_LT(slowest, std::chrono::seconds(5));
 }
 
 // A backward under no_sync may follow another one (accumulation) without any error.

@@ -207,8 +207,8 @@ TEST(SharedMemoryAllreduce, APeerThatDiesInsideTheBarrierIsNamed) {
 }
 
 // A peer whose process lives on but that stopped reducing (its DDP destroyed, an exception in
-// its training step) is named within a second, not after the group timeout (20 s here).
-TEST(SharedMemoryAllreduce, APeerThatLeftAliveIsNamedWithinASecond) {
+// its training step) is named at once (the next 20 ms wait slice), not after the group timeout (20 s).
+TEST(SharedMemoryAllreduce, APeerThatLeftAliveIsNamedLongBeforeTheTimeout) {
   std::string message;
   std::chrono::steady_clock::duration waited{};
   run_ranks(2, [&](ProcessGroup& g) {
@@ -223,14 +223,16 @@ TEST(SharedMemoryAllreduce, APeerThatLeftAliveIsNamedWithinASecond) {
     message = lockstep::testing::error_of<DistributedError>([&] { reduced(shared->allreduce(0, torch::ones({8}), 2)); });
     waited = std::chrono::steady_clock::now() - start;
   }, forever());
-  EXPECT_LT(waited, std::chrono::seconds(1));
+  // Seen at the next 20 ms wait slice; bounded far below the 20 s timeout so load cannot flake it.
+  std::cout << "[ left ] named after " << std::chrono::duration<double>(waited).count() << " s\n";
+  EXPECT_LT(waited, std::chrono::seconds(5));
   EXPECT_NE(message.find("rank 0/2: shared-memory allreduce of a DDP bucket: rank(s) 1 left the reduction"),
             std::string::npos) << message;
 }
 
 // The same through DDP: rank 1's DistributedDataParallel is destroyed (as an exception in its
 // training step would) while rank 0 reduces.
-TEST(DDPSharedMemory, ARankWhoseDDPIsGoneIsNamedWithinASecond) {
+TEST(DDPSharedMemory, ARankWhoseDDPIsGoneIsNamedLongBeforeTheTimeout) {
   std::string message;
   std::chrono::steady_clock::duration waited{};
   run_ranks(2, [&](ProcessGroup& g) {
@@ -246,7 +248,8 @@ TEST(DDPSharedMemory, ARankWhoseDDPIsGoneIsNamedWithinASecond) {
     message = lockstep::testing::error_of<DistributedError>([&] { ddp->forward(torch::ones({2, 8})).sum().backward(); });
     waited = std::chrono::steady_clock::now() - start;
   }, forever());
-  EXPECT_LT(waited, std::chrono::seconds(1));
+  std::cout << "[ DDP gone ] named after " << std::chrono::duration<double>(waited).count() << " s\n";
+  EXPECT_LT(waited, std::chrono::seconds(5));
   EXPECT_NE(message.find("rank(s) 1 left the reduction"), std::string::npos) << message;
   EXPECT_EQ(message.find("timed out"), std::string::npos) << message;
 }

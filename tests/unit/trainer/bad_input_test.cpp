@@ -115,6 +115,25 @@ TEST_F(TrainerBadInput, EveryCaseExitsTwoAndNamesTheFix) {
   EXPECT_GE(cases.size(), 30u);
 }
 
+// A bad --ckpt-path is found before anything is made or launched: one message (not one per rank),
+// no run folder, no second process.
+TEST_F(TrainerBadInput, ABadCheckpointPathIsReportedOnceBeforeAnythingIsCreated) {
+  const std::string d = dir.string();
+  for (const std::string& ckpt : {d + "/missing.ckpt", std::string("last"), d + "/truncated.ckpt"}) {
+    const std::string root = d + "/fresh";
+    auto result = testing::run_command(
+        {std::string(LOCKSTEP_BIN_DIR) + "/../tests/trainer_program", "--out", d, "--default-root-dir", root,
+         "--max-epochs", "1", "--devices", "2", "--strategy", "ddp", "--ckpt-path", ckpt},
+        {{"PATH", "/usr/bin:/bin"}, {"LOCKSTEP_NO_BLAS_WARNING", "1"}}, std::chrono::seconds(60));
+    EXPECT_EQ(result.exit_code, 2) << ckpt << ": " << result.err;
+    const auto first = result.err.find("error:");
+    ASSERT_NE(first, std::string::npos) << result.err;
+    EXPECT_EQ(result.err.find("error:", first + 1), std::string::npos) << ckpt << ": said twice: " << result.err;
+    EXPECT_FALSE(std::filesystem::exists(root + "/lockstep_logs")) << ckpt << ": a run folder was made";
+    std::filesystem::remove_all(root);
+  }
+}
+
 // A LOCKSTEP_TRAINER_* variable that matches no flag is not silently ignored: a warning names the
 // nearest real one, and the run goes on.
 TEST_F(TrainerBadInput, AnUnknownTrainerVariableIsAWarningNamingTheNearestFlag) {

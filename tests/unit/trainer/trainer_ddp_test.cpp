@@ -1,5 +1,7 @@
 // The Trainer with --devices 2 --strategy ddp, as real processes (the subprocess launcher
 // re-executes tests/programs/trainer_program): parity with one process, exact resume.
+#include <sched.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -152,6 +154,27 @@ TEST_F(TrainerDDP, RankZerosFailureEndsTheJobAtOnceWithItsCode) {
       EXPECT_NE(result.err.find("worker local_rank=1"), std::string::npos) << result.err;
     }
   }
+}
+
+// More CPU ranks than cores: one warning, from the process that launches the others.
+TEST_F(TrainerDDP, MoreRanksThanCoresIsAWarningOnce) {
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(cpus), &cpus), 0);
+  const int cores = CPU_COUNT(&cpus);
+  const auto out = dir / "oversubscribed";
+  std::filesystem::create_directories(out);
+  const auto result = testing::run_command(
+      {std::string(LOCKSTEP_BIN_DIR) + "/../tests/trainer_program", "--out", out.string(), "--default-root-dir",
+       (dir / "runs").string(), "--timeout", "60", "--devices", std::to_string(cores + 1), "--strategy", "ddp",
+       "--max-epochs", "1"},
+      {{"PATH", "/usr/bin:/bin"}, {"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(90));
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  const std::string warning = "lockstep: warning: --devices " + std::to_string(cores + 1) + " starts " +
+                              std::to_string(cores + 1) + " processes on " + std::to_string(cores) + " CPU core(s)";
+  const auto at = result.err.find(warning);
+  EXPECT_NE(at, std::string::npos) << result.err;
+  EXPECT_EQ(result.err.find(warning, at + 1), std::string::npos) << "said twice: " << result.err;
 }
 
 }  // namespace

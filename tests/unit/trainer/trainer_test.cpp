@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/core/usage_error.h>
 
 #include "../../support/regression.h"
@@ -142,6 +143,64 @@ TEST_F(TrainerTest, BenchmarkSetsTheCudnnFlagAndSaysItDoesNothingOnTheCpu) {
     EXPECT_EQ(at::globalContext().benchmarkCuDNN(), benchmark);
     EXPECT_EQ(err.find("--benchmark true has no effect on the CPU") != std::string::npos, benchmark) << err;
   }
+}
+
+// A valid archive with the Trainer's keys but other contents (a checkpoint of something else):
+// one usage error naming the key and what it should hold, not LibTorch's raw type error.
+TEST_F(TrainerTest, ACheckpointOfSomethingElseIsAUsageErrorNamingTheKey) {
+  auto data = regression_data(16);
+  const std::string path = (root / "other.ckpt").string();
+  const std::string good = (root / "good.ckpt").string();
+  {
+    Trainer trainer(options().max_epochs(1));
+    trainer.fit(std::make_shared<Regressor>(), std::make_shared<DataLoader>(data, DataLoaderOptions(8)));
+    trainer.save_checkpoint(good);
+  }
+  // The good checkpoint with one key's value replaced.
+  const auto with = [&](const std::string& key, c10::IValue value) {
+    auto ckpt = checkpoint::CheckpointIO().load(good);
+    ckpt.insert_or_assign(key, std::move(value));
+    return ckpt;
+  };
+  const std::vector<std::tuple<std::string, c10::IValue, std::string>> cases{
+      {"state_dict", c10::IValue(int64_t{5}), "\"state_dict\" should hold a dict of parameter and buffer names to tensors"},
+      {"optimizer_states", c10::IValue(std::string("adam")), "\"optimizer_states\" should hold a list of optimizer state dicts"},
+      {"global_step", c10::IValue(std::string("four")), "\"global_step\" should hold an integer"},
+      {"loops", c10::IValue(int64_t{2}), "\"loops\" should hold a dict with the integer next_epoch"},
+  };
+  for (const auto& [key, value, needle] : cases) {
+    checkpoint::CheckpointIO().save(with(key, value), path);
+    try {
+      Trainer(options().ckpt_path(path)).fit(std::make_shared<Regressor>(), std::make_shared<DataLoader>(data, DataLoaderOptions(8)));
+      ADD_FAILURE() << key << ": accepted";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("other.ckpt"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// A fit that trains nothing says so and why, instead of exiting 0 with empty metrics.
+TEST_F(TrainerTest, AFitThatTrainsNothingSaysWhy) {
+  auto data = regression_data(16);
+  const auto fit_and_capture = [&](TrainerOptions o) {
+    ::testing::internal::CaptureStderr();
+    Trainer(o).fit(std::make_shared<Regressor>(), std::make_shared<DataLoader>(data, DataLoaderOptions(8)));
+    return ::testing::internal::GetCapturedStderr();
+  };
+  std::string err = fit_and_capture(options().max_epochs(0));
+  EXPECT_NE(err.find("lockstep: warning: fit trained nothing: --max-epochs 0. Raise --max-epochs to train."),
+            std::string::npos) << err;
+  const std::string ckpt = (root / "two.ckpt").string();
+  {
+    Trainer trainer(options().max_epochs(2));
+    trainer.fit(std::make_shared<Regressor>(), std::make_shared<DataLoader>(data, DataLoaderOptions(8)));
+    trainer.save_checkpoint(ckpt);
+  }
+  err = fit_and_capture(options().max_epochs(2).ckpt_path(ckpt));
+  EXPECT_NE(err.find("ends at epoch 2, step 4, which already reaches --max-epochs 2"), std::string::npos) << err;
+  err = fit_and_capture(options().max_epochs(3));
+  EXPECT_EQ(err.find("trained nothing"), std::string::npos) << err;
 }
 
 TEST_F(TrainerTest, BadSettingsAreUsageErrors) {

@@ -1,0 +1,133 @@
+// The documentation's programs and the examples, built the way a user builds them: against the
+// installed package (find_package(lockstep)), out of the tree, without its precompiled header.
+// A C++ block in README.md or docs/*.md that holds `int main(` must be marked `<!-- compile -->`
+// on the line before it; `<!-- compile: prefix -->` marks a block that later compiled blocks of
+// the same file build on (a class defined once, used in the next block).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../support/command.h"
+#include "../support/temp_dir.h"
+
+namespace lockstep {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::run_command;
+
+const fs::path source_dir(LOCKSTEP_SOURCE_DIR);
+
+struct Program {
+  std::string name;  // README_58: the file and the line of the block
+  std::string code;
+};
+
+const char* const kPreamble = "#include <lockstep/lockstep.h>\nusing namespace lockstep;\n";
+
+// The compiled programs of one Markdown file; unmarked program blocks are test failures.
+std::vector<Program> programs_in(const fs::path& markdown) {
+  std::ifstream in(markdown);
+  std::vector<Program> programs;
+  std::string prefix, marker, line, previous;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (line != "```cpp") {
+      previous = line;
+      continue;
+    }
+    const int first = number;
+    std::string code;
+    while (std::getline(in, line) && line != "```") {
+      ++number;
+      code += line + "\n";
+    }
+    ++number;
+    const std::string name = markdown.stem().string() + "_" + std::to_string(first);
+    if (previous == "<!-- compile: prefix -->") {
+      prefix += code;
+    } else if (previous == "<!-- compile -->") {
+      programs.push_back({name, kPreamble + prefix + code});
+    } else if (code.find("int main(") != std::string::npos) {
+      ADD_FAILURE() << markdown << ":" << first << " is a program but not marked <!-- compile -->";
+    }
+    previous.clear();
+  }
+  return programs;
+}
+
+std::vector<Program> documented_programs() {
+  std::vector<Program> all = programs_in(source_dir / "README.md");
+  for (const auto& entry : fs::directory_iterator(source_dir / "docs")) {
+    if (entry.path().extension() != ".md") continue;
+    for (auto& program : programs_in(entry.path())) all.push_back(std::move(program));
+  }
+  return all;
+}
+
+// Installs the package under `scratch` and returns its prefix.
+std::string installed_package(const testing::TempDir& scratch) {
+  const std::string prefix = scratch / "prefix";
+  const auto result = run_command({"/usr/bin/cmake", "--install", std::string(LOCKSTEP_BIN_DIR) + "/..", "--prefix", prefix},
+                                  {{"PATH", "/usr/bin:/bin"}}, std::chrono::seconds(120));
+  EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
+  return prefix;
+}
+
+// Builds every program as its own executable in a fresh project; returns the build's result.
+testing::CommandResult build(const std::vector<Program>& programs, const std::vector<fs::path>& sources,
+                             const std::string& prefix, const testing::TempDir& dir) {
+  std::ofstream cmake(dir / "CMakeLists.txt");
+  cmake << "cmake_minimum_required(VERSION 3.22)\nproject(docs_programs CXX)\nset(CMAKE_CXX_STANDARD 17)\n"
+        << "find_package(lockstep REQUIRED)\n";
+  const auto add = [&](const std::string& name, const std::string& file) {
+    cmake << "add_executable(" << name << " " << file << ")\ntarget_link_libraries(" << name
+          << " PRIVATE lockstep::lockstep)\n";
+  };
+  for (const auto& program : programs) {
+    std::ofstream(dir / (program.name + ".cpp")) << program.code;
+    add(program.name, program.name + ".cpp");
+  }
+  for (const auto& source : sources) add(source.parent_path().filename().string(), source.string());
+  cmake.close();
+  const std::map<std::string, std::string> env{{"PATH", "/usr/bin:/bin"}, {"HOME", "/tmp"}};
+  auto result = run_command({"/usr/bin/cmake", "-S", dir.path(), "-B", dir / "build", "-G", "Ninja",
+                             "-DCMAKE_PREFIX_PATH=" + prefix, "-DCMAKE_BUILD_TYPE=Release"},
+                            env, std::chrono::seconds(120));
+  if (result.exit_code != 0) return result;
+  return run_command({"/usr/bin/cmake", "--build", dir / "build", "--parallel", "2"}, env, std::chrono::seconds(900));
+}
+
+TEST(DocsCompile, EveryDocumentedProgramAndExampleBuildsAgainstTheInstalledPackage) {
+  testing::TempDir dir("lockstep_docs");
+  const auto programs = documented_programs();
+  EXPECT_GE(programs.size(), 4u) << "README's two programs and the user guide's two";
+  std::vector<fs::path> examples;
+  for (const auto& entry : fs::directory_iterator(source_dir / "examples")) {
+    if (fs::exists(entry.path() / "main.cpp")) examples.push_back(entry.path() / "main.cpp");
+  }
+  EXPECT_GE(examples.size(), 4u);
+  const auto result = build(programs, examples, installed_package(dir), dir);
+  EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
+  for (const auto& program : programs) EXPECT_TRUE(fs::exists(dir / ("build/" + program.name))) << program.name;
+}
+
+// The same machinery fails, naming the block, when a block is broken (here: README's first
+// program calling a function that does not exist).
+TEST(DocsCompile, ABrokenBlockFailsTheBuildNamingIt) {
+  testing::TempDir dir("lockstep_docs_broken");
+  auto programs = documented_programs();
+  ASSERT_FALSE(programs.empty());
+  Program broken = programs.front();
+  broken.code += "void broken() { lockstep::no_such_function(); }\n";
+  const auto result = build({broken}, {}, installed_package(dir), dir);
+  EXPECT_NE(result.exit_code, 0) << "a broken block built";
+  EXPECT_NE((result.out + result.err).find(broken.name + ".cpp"), std::string::npos) << result.out << result.err;
+  EXPECT_NE((result.out + result.err).find("no_such_function"), std::string::npos) << result.out << result.err;
+}
+
+}  // namespace
+}  // namespace lockstep
