@@ -1,6 +1,8 @@
 // The `lockstep` command, run as a user runs it: env under recorded scheduler environments,
 // launch, comm-bench, and bad input.
 #include <gtest/gtest.h>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include <lockstep/environments/cluster_environment.h>
@@ -57,6 +59,38 @@ TEST(LockstepPlot, AWrongFolderIsOneClearError) {
 
 // --devices 2 on a plain machine: the job is 2 processes, this one is rank 0 of 1 until fit
 // launches the other; both are labelled.
+// A run of one epoch has one validation point: drawn, with no gnuplot warning about an empty
+// range (an explicit window around it).
+TEST(LockstepPlot, ARunOfOneEpochDrawsWithoutWarnings) {
+  testing::TempDir dir;
+  std::ofstream(dir.file("metrics.csv")) << "step,epoch,val_acc,val_loss\n2,0,0.8,0.5\n";
+  auto result = run_command({lockstep_bin, "plot", dir.path()}, plain_environment());
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.err, "");
+  EXPECT_TRUE(std::filesystem::exists(dir.file("acc.png")));
+  EXPECT_TRUE(std::filesystem::exists(dir.file("loss.png")));
+}
+
+// A resumed run links to the run it resumed (resumed_from): plot draws them as one.
+TEST(LockstepPlot, AResumedRunIsDrawnWithTheRunItResumed) {
+  testing::TempDir dir;
+  std::filesystem::create_directories(dir.file("version_0"));
+  std::filesystem::create_directories(dir.file("version_1"));
+  std::ofstream first(dir.file("version_0/metrics.csv")), second(dir.file("version_1/metrics.csv"));
+  first << "step,epoch,train_loss\n";
+  second << "step,epoch,train_loss\n";
+  for (int step = 1; step <= 30; ++step) first << step << ",0," << 1.0 / step << "\n";
+  for (int step = 31; step <= 60; ++step) second << step << ",1," << 1.0 / step << "\n";
+  first.close();
+  second.close();
+  std::ofstream(dir.file("version_1/resumed_from")) << dir.file("version_0") << "\n";
+  auto result = run_command({lockstep_bin, "plot", dir.file("version_1")}, plain_environment());
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.err, "");
+  EXPECT_NE(result.out.find("drew 2 runs as one: " + dir.file("version_0") + " " + dir.file("version_1")),
+            std::string::npos) << result.out;
+}
+
 TEST(LockstepEnv, TheJobAndThisProcessAreLabelled) {
   auto result = run_command({lockstep_bin, "env", "--devices", "2"}, plain_environment());
   EXPECT_EQ(result.exit_code, 0) << result.err;

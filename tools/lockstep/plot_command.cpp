@@ -1,8 +1,11 @@
-// `lockstep plot RUN_DIR`: renders RUN_DIR/metrics.csv into PNG curves with gnuplot.
+// `lockstep plot RUN_DIR`: renders RUN_DIR/metrics.csv into PNG curves with gnuplot, together with
+// the runs it resumed from (RUN_DIR/resumed_from, written by the Trainer on resume).
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 #include <lockstep/core/usage_error.h>
@@ -13,70 +16,180 @@ namespace lockstep {
 namespace tool {
 namespace {
 
-std::vector<std::string> csv_header(const std::filesystem::path& csv) {
+namespace fs = std::filesystem;
+
+// One metric over steps.
+using Series = std::vector<std::pair<double, double>>;
+
+std::vector<std::string> split_csv(const std::string& line) {
+  std::vector<std::string> cells;
+  std::stringstream fields(line);
+  for (std::string cell; std::getline(fields, cell, ',');) cells.push_back(cell);
+  if (!line.empty() && line.back() == ',') cells.emplace_back();
+  return cells;
+}
+
+// Every column of RUN_DIR/metrics.csv but step, as (step, value) where the cell is filled.
+std::map<std::string, Series> read_metrics(const fs::path& dir) {
+  const auto csv = dir / "metrics.csv";
+  if (!fs::exists(csv)) {
+    throw UsageError(csv.string() + " does not exist; give the run directory that holds metrics.csv (fit prints "
+                     "it as log_dir).");
+  }
   std::ifstream in(csv);
   std::string line;
   std::getline(in, line);
-  std::vector<std::string> columns;
-  std::stringstream fields(line);
-  for (std::string column; std::getline(fields, column, ',');) columns.push_back(column);
-  return columns;
+  const auto columns = split_csv(line);
+  if (columns.empty() || columns[0] != "step") {
+    throw UsageError(csv.string() + " is not a Lockstep metrics.csv (its first column is not 'step').");
+  }
+  std::map<std::string, Series> metrics;
+  while (std::getline(in, line)) {
+    const auto cells = split_csv(line);
+    if (cells.empty() || cells[0].empty()) continue;
+    const double step = std::stod(cells[0]);
+    for (size_t i = 1; i < cells.size() && i < columns.size(); ++i) {
+      if (!cells[i].empty()) metrics[columns[i]].emplace_back(step, std::stod(cells[i]));
+    }
+  }
+  return metrics;
 }
 
-// One PNG per group of columns whose names contain `word` (loss, acc), against step.
-std::string plot_script(const std::filesystem::path& csv, const std::vector<std::string>& columns,
-                        const std::string& word, const std::filesystem::path& png) {
-  std::ostringstream s;
-  s << "set datafile separator ','\nset terminal pngcairo size 900,540 noenhanced\nset output '" << png.string() << "'\n"
-    << "set key outside right\nset grid\nset xlabel 'step'\nset ylabel '" << word << "'\n"
-    << "set title '" << csv.parent_path().filename().string() << ": " << word << "'\nplot ";
-  bool first = true;
-  for (size_t i = 0; i < columns.size(); ++i) {
-    if (columns[i].find(word) == std::string::npos) continue;
-    const size_t step_column = 1;  // CSVLogger writes step first
-    s << (first ? "" : ", ") << "'" << csv.string() << "' every ::1 using " << step_column << ":($" << i + 1
-      << ") with linespoints title '" << columns[i] << "'";
-    first = false;
+// The run and the runs it resumed from, oldest first.
+std::vector<fs::path> run_chain(const fs::path& dir) {
+  std::vector<fs::path> chain{dir};
+  while (chain.size() < 100) {
+    std::ifstream link(chain.back() / "resumed_from");
+    std::string origin;
+    if (!std::getline(link, origin) || origin.empty() || !fs::exists(fs::path(origin) / "metrics.csv")) break;
+    chain.emplace_back(origin);
   }
-  s << "\n";
-  return first ? "" : s.str();
+  std::reverse(chain.begin(), chain.end());
+  return chain;
+}
+
+// The runs' metrics as one: each earlier run up to the step where the next one took over.
+std::map<std::string, Series> joined_metrics(const std::vector<fs::path>& chain) {
+  std::map<std::string, Series> joined;
+  for (const auto& dir : chain) {
+    const auto later = read_metrics(dir);
+    double first = 1e300;
+    for (const auto& [name, series] : later) {
+      if (!series.empty()) first = std::min(first, series.front().first);
+    }
+    for (auto& [name, series] : joined) {
+      series.erase(std::remove_if(series.begin(), series.end(), [&](const auto& p) { return p.first >= first; }),
+                   series.end());
+    }
+    for (const auto& [name, series] : later) joined[name].insert(joined[name].end(), series.begin(), series.end());
+  }
+  return joined;
+}
+
+// TensorBoard's debiased exponential moving average: a readable trend through noisy steps.
+Series smoothed(const Series& series, double weight = 0.8) {
+  Series out;
+  double average = 0, correction = 0;
+  for (const auto& [step, value] : series) {
+    average = weight * average + (1 - weight) * value;
+    correction = weight * correction + (1 - weight);
+    out.emplace_back(step, average / correction);
+  }
+  return out;
+}
+
+void write_block(std::ostringstream& s, const std::string& name, const Series& series) {
+  s << "$" << name << " << EOD\n";
+  for (const auto& [step, value] : series) s << step << " " << value << "\n";
+  s << "EOD\n";
+}
+
+// A range with room around it; a single value gets a window of its own, so gnuplot draws the
+// point instead of warning about an empty range.
+std::string range(double lo, double hi) {
+  const double pad = hi > lo ? (hi - lo) * 0.05 : std::max(std::abs(lo) * 0.1, 1.0);
+  std::ostringstream s;
+  s << "[" << lo - pad << ":" << hi + pad << "]";
+  return s.str();
+}
+
+// One PNG for the metrics whose names contain `word` (loss, acc), against step; "" if none.
+std::string plot_script(const std::map<std::string, Series>& metrics, const std::string& word, const fs::path& png,
+                        const std::string& title) {
+  std::ostringstream blocks, plots;
+  double x_lo = 1e300, x_hi = -1e300, y_lo = 1e300, y_hi = -1e300;
+  int index = 0;
+  for (const auto& [name, series] : metrics) {
+    if (name.find(word) == std::string::npos || series.empty()) continue;
+    const std::string block = "m" + std::to_string(index++);
+    write_block(blocks, block, series);
+    for (const auto& [x, y] : series) {
+      x_lo = std::min(x_lo, x), x_hi = std::max(x_hi, x), y_lo = std::min(y_lo, y), y_hi = std::max(y_hi, y);
+    }
+    plots << (plots.tellp() > 0 ? ", " : "") << "$" << block << " using 1:2 with linespoints pt 7 ps 0.5 title '"
+          << name << "'";
+    if (series.size() >= 20) {  // per-step values: a trend line through the noise
+      write_block(blocks, block + "s", smoothed(series));
+      plots << ", $" << block << "s using 1:2 with lines lw 2 title '" << name << " (smoothed)'";
+    }
+  }
+  if (index == 0) return "";
+  std::ostringstream s;
+  s << "set terminal pngcairo size 900,540 noenhanced\nset output '" << png.string() << "'\n"
+    << "set key outside right\nset grid\nset xlabel 'step'\nset ylabel '" << word << "'\n"
+    << "set title '" << title << ": " << word << "'\n"
+    << "set xrange " << range(x_lo, x_hi) << "\nset yrange " << range(y_lo, y_hi) << "\n"
+    << blocks.str() << "plot " << plots.str() << "\n";
+  return s.str();
 }
 
 }  // namespace
 
 Command add_plot_command(CLI::App& app) {
   auto run_dir = std::make_shared<std::string>();
-  auto* sub = app.add_subcommand("plot", "Render RUN_DIR/metrics.csv (a CSVLogger run) into loss and accuracy PNGs");
+  auto* sub = app.add_subcommand("plot", "Render RUN_DIR/metrics.csv (a CSVLogger run, with the runs it resumed "
+                                         "from) into loss and accuracy PNGs");
   sub->add_option("run_dir", *run_dir, "e.g. lockstep_logs/version_0")->required();
   return {sub, [run_dir] {
-            const std::filesystem::path dir(*run_dir);
-            const auto csv = dir / "metrics.csv";
-            if (!std::filesystem::exists(csv)) {
-              throw UsageError(csv.string() + " does not exist; give the run directory that "
-                               "holds metrics.csv (fit prints it as log_dir).");
-            }
-            const auto columns = csv_header(csv);
-            if (columns.empty() || columns[0] != "step") {
-              throw UsageError(csv.string() + " is not a Lockstep metrics.csv (its first column "
-                               "is not 'step').");
+            const fs::path dir(*run_dir);
+            read_metrics(dir);  // the run itself must be readable
+            const auto chain = run_chain(dir);
+            const auto metrics = joined_metrics(chain);
+            std::string title = dir.filename().string();
+            if (chain.size() > 1) {
+              title += " (resumed from";
+              for (size_t i = 0; i + 1 < chain.size(); ++i) title += " " + chain[i].filename().string();
+              title += ")";
             }
             int written = 0;
             for (const std::string word : {"loss", "acc"}) {
               const auto png = dir / (word + ".png");
-              const std::string script = plot_script(csv, columns, word, png);
+              const std::string script = plot_script(metrics, word, png, title);
               if (script.empty()) continue;
-              FILE* gnuplot = ::popen("gnuplot 2>&1", "w");
+              // gnuplot's own messages (warnings included) would be ours to explain: keep them and
+              // show them only when it fails.
+              const fs::path log = dir / (word + ".gnuplot.log");
+              FILE* gnuplot = ::popen(("gnuplot > '" + log.string() + "' 2>&1").c_str(), "w");
               if (gnuplot == nullptr) throw UsageError("plot needs gnuplot: apt-get install gnuplot-nox");
               std::fputs(script.c_str(), gnuplot);
               const int status = ::pclose(gnuplot);
-              if (status != 0 || !std::filesystem::exists(png)) {
-                throw UsageError("gnuplot failed to write " + png.string() +
-                                 " (is gnuplot-nox installed? apt-get install gnuplot-nox)");
+              std::ifstream said(log);
+              const std::string messages((std::istreambuf_iterator<char>(said)), std::istreambuf_iterator<char>());
+              fs::remove(log);
+              if (status != 0 || !fs::exists(png)) {
+                throw UsageError("gnuplot failed to write " + png.string() + " (is gnuplot-nox installed? apt-get "
+                                 "install gnuplot-nox): " + messages);
               }
+              if (!messages.empty()) std::cerr << "lockstep plot: gnuplot said: " << messages;
               std::cout << "lockstep plot: wrote " << png.string() << "\n";
               ++written;
             }
-            if (written == 0) throw UsageError(csv.string() + " has no loss or acc column.");
+            if (written == 0) throw UsageError((dir / "metrics.csv").string() + " has no loss or acc column.");
+            if (chain.size() > 1) {
+              std::cout << "lockstep plot: drew " << chain.size() << " runs as one:";
+              for (const auto& run : chain) std::cout << " " << run.string();
+              std::cout << "\n";
+            }
             return 0;
           }};
 }

@@ -118,6 +118,7 @@ class Trainer {
                const std::shared_ptr<DataLoader>& val);
   void setup(const std::shared_ptr<TrainingModule>& module);
   void check_resume_source() const;
+  void record_resume(const std::string& path, const std::string& origin) const;
   std::string why_nothing_trained(int64_t epoch, int64_t max_epochs) const;
   void attach_sampler(DataLoader& loader, bool shuffle);
   void restore(const std::string& ckpt_path);

@@ -156,11 +156,8 @@ void ModelCheckpoint::on_fit_start(Trainer& trainer, TrainingModule& module) {
   if (options_.dirpath().empty()) dirpath_ = (std::filesystem::path(trainer.log_dir()) / "checkpoints").string();
   if (!loaded_dirpath_) return;
   if (*loaded_dirpath_ != dirpath_) {
-    if (trainer.is_global_zero()) {
-      std::cerr << "ModelCheckpoint: the resumed checkpoint kept its top k in " << *loaded_dirpath_
-                << ", but this run saves to " << dirpath_
-                << "; only best_model_path and best_model_score are restored.\n";
-    }
+    // A resumed run saves into its own folder (the Trainer says where): the earlier run's top k
+    // stay there, and only best_model_path and best_model_score carry over.
     best_k_models_.clear();
     kth_best_model_path_.clear();
     kth_value_.reset();

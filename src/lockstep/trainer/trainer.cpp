@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <limits>
@@ -612,6 +614,8 @@ c10::impl::GenericDict Trainer::checkpoint_state() const {
   for (const auto& [k, v] : module_->hparams()) hparams.insert(k, v);
   ckpt.insert("hyper_parameters", hparams);
   ckpt.insert("lockstep_version", std::string("0.1.0"));
+  // Where it came from: a run resumed from it links back, so its curves can be drawn as one.
+  ckpt.insert("log_dir", std::filesystem::absolute(log_dir_).string());
   return ckpt;
 }
 
@@ -636,6 +640,22 @@ std::string Trainer::why_nothing_trained(int64_t epoch, int64_t max_epochs) cons
   }
   return "the loader gave no training batch (--limit-train-batches " + options_.limit_train_batches() +
          ", " + std::to_string(num_training_batches_) + " batch(es)). Check the dataset and the limit.";
+}
+
+void Trainer::record_resume(const std::string& path, const std::string& origin) const {
+  if (!plan_.strategy->is_global_zero()) return;
+  const auto here = std::filesystem::absolute(log_dir_);
+  std::cerr << "lockstep: resuming from " << path << " (epoch " << current_epoch_ << ", step " << global_step_
+            << "); this run writes its logs and checkpoints to " << here.string();
+  if (!origin.empty() && std::filesystem::path(origin) != here) {
+    // `lockstep plot` follows this link to draw the runs as one.
+    std::error_code ignored;
+    std::filesystem::create_directories(here, ignored);
+    std::ofstream(here / "resumed_from") << origin << "\n";
+    std::cerr << " (the run it resumes wrote to " << origin << "; `lockstep plot " << here.string()
+              << "` draws both)";
+  }
+  std::cerr << ".\n";
 }
 
 void Trainer::check_resume_source() const {
@@ -700,6 +720,7 @@ void Trainer::restore(const std::string& ckpt_path) {
   reading("loops", "a dict with the integer next_epoch",
           [&] { current_epoch_ = ckpt.at("loops").toGenericDict().at("next_epoch").toInt(); });
   reading("global_step", "an integer", [&] { global_step_ = ckpt.at("global_step").toInt(); });
+  record_resume(path, ckpt.contains("log_dir") && ckpt.at("log_dir").isString() ? ckpt.at("log_dir").toStringRef() : "");
   if (ckpt.contains("callbacks")) {
     reading("callbacks", "a dict of callback names to their states", [&] {
       const auto states = ckpt.at("callbacks").toGenericDict();

@@ -117,6 +117,31 @@ TEST_F(TrainerTest, ResumeIsExact) {
   EXPECT_EQ(testing::max_abs_diff(*straight, *resumed), 0.0);
 }
 
+// A resumed run says once where it writes, and links back to the run that wrote the checkpoint
+// (for `lockstep plot`).
+TEST_F(TrainerTest, AResumedRunSaysWhereItWritesAndLinksToItsOrigin) {
+  auto data = regression_data(32);
+  std::string first_dir;
+  {
+    Trainer trainer(options().max_epochs(1));
+    trainer.fit(std::make_shared<Regressor>(), std::make_shared<DataLoader>(data, DataLoaderOptions(16)));
+    first_dir = std::filesystem::absolute(trainer.log_dir()).string();
+  }
+  ::testing::internal::CaptureStderr();
+  Trainer resumed(options().max_epochs(2).ckpt_path("last"));
+  resumed.fit(std::make_shared<Regressor>(), std::make_shared<DataLoader>(data, DataLoaderOptions(16)));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  const std::string here = std::filesystem::absolute(resumed.log_dir()).string();
+  EXPECT_NE(err.find("lockstep: resuming from " + first_dir + "/checkpoints/last.ckpt (epoch 1, step 2); this run "
+                     "writes its logs and checkpoints to " + here + " (the run it resumes wrote to " + first_dir),
+            std::string::npos) << err;
+  std::ifstream link(std::filesystem::path(here) / "resumed_from");
+  std::string origin;
+  std::getline(link, origin);
+  EXPECT_EQ(origin, first_dir);
+  EXPECT_EQ(err.find("ModelCheckpoint: the resumed checkpoint"), std::string::npos) << "said twice: " << err;
+}
+
 TEST_F(TrainerTest, MaxStepsAndLimitBatchesAndAccumulation) {
   auto data = regression_data(64);
   auto model = std::make_shared<Regressor>();
