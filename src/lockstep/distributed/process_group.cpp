@@ -121,7 +121,9 @@ std::shared_ptr<ProcessGroup> ProcessGroup::init(const ProcessGroupOptions& opti
   try {
     store = c10::make_intrusive<c10d::TCPStore>(options.main_address(), store_options);
   } catch (const std::exception& e) {
-    const std::string what = e.what();
+    std::string what = e.what();
+    what = what.substr(0, what.find('\n'));
+    while (!what.empty() && (what.back() == '.' || what.back() == ' ')) what.pop_back();
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
     // Say what happened: a timeout only when the timeout ran out.
     const std::string how = waited >= options.timeout() ? "timed out after " + seconds(options.timeout())
@@ -139,8 +141,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::init(const ProcessGroupOptions& opti
               "that the port is free.";
     }
     throw DistributedError("rank " + std::to_string(options.rank()) + "/" + std::to_string(options.world_size()) +
-                           ": rendezvous at " + endpoint + " " + how + " (" + what.substr(0, what.find('\n')) +
-                           "). " + check);
+                           ": rendezvous at " + endpoint + " " + how + " (" + what + "). " + check);
   }
   if (options.use_agent_store()) {
     store = c10::make_intrusive<c10d::PrefixStore>(
