@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -47,6 +48,11 @@ inline CommandResult run_command(const std::vector<std::string>& argv, const std
   const std::string out_path = dir + "/out", err_path = dir + "/err";
   std::vector<std::string> env_strings;
   for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+  // Under scripts/test --sanitize the sanitizers' options (suppressions) reach every program.
+  for (const char* name : {"ASAN_OPTIONS", "LSAN_OPTIONS", "UBSAN_OPTIONS"}) {
+    const char* value = std::getenv(name);
+    if (value != nullptr && env.count(name) == 0) env_strings.push_back(std::string(name) + "=" + value);
+  }
   std::vector<char*> envp, args;
   for (auto& s : env_strings) envp.push_back(s.data());
   envp.push_back(nullptr);

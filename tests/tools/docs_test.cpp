@@ -129,5 +129,14 @@ TEST(DocsCompile, ABrokenBlockFailsTheBuildNamingIt) {
   EXPECT_NE((result.out + result.err).find("no_such_function"), std::string::npos) << result.out << result.err;
 }
 
+// scripts/demo writes its runs under demo_runs/ in the checkout: git ignores them, so the demo
+// leaves the tree clean.
+TEST(Demo, ItsRunsAreIgnoredByGit) {
+  const auto result = run_command({"/usr/bin/git", "-C", source_dir.string(), "check-ignore", "-q",
+                                   "demo_runs/lockstep_logs/version_0/metrics.csv"},
+                                  {{"PATH", "/usr/bin:/bin"}, {"HOME", "/tmp"}}, std::chrono::seconds(30));
+  EXPECT_EQ(result.exit_code, 0) << "demo_runs/ is not ignored: " << result.out << result.err;
+}
+
 }  // namespace
 }  // namespace lockstep

@@ -246,6 +246,7 @@ void Reducer::join_backward() {
            e.what());
     }
     used_work_.reset();
+    local_used_.zero_();  // it now holds the others' map: the next window starts empty
     static_usage_known_ = options_.static_graph();
   }
   torch::NoGradGuard no_grad;
