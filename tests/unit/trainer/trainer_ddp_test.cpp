@@ -2,7 +2,9 @@
 // re-executes tests/programs/trainer_program): parity with one process, exact resume.
 #include <sched.h>
 
+#include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <fstream>
 
 #include <gtest/gtest.h>
@@ -29,8 +31,11 @@ class TrainerDDP : public ::testing::Test {
     std::vector<std::string> argv{std::string(LOCKSTEP_BIN_DIR) + "/../tests/trainer_program", "--out", out.string(),
                                   "--default-root-dir", (dir / "runs").string(), "--timeout", "60"};
     argv.insert(argv.end(), flags.begin(), flags.end());
-    auto result = testing::run_command(argv, {{"PATH", "/usr/bin:/bin"}, {"OMP_NUM_THREADS", "1"}},
-                                       std::chrono::seconds(90));
+    std::map<std::string, std::string> env{{"PATH", "/usr/bin:/bin"}, {"OMP_NUM_THREADS", "1"}};
+    // Under scripts/test --sanitize: whole allocation stacks, which the suppression of LibTorch's
+    // thread pool leaked in forked workers needs (scripts/sanitizers/lsan.supp).
+    if (const char* asan = std::getenv("ASAN_OPTIONS")) env["ASAN_OPTIONS"] = std::string(asan) + ":fast_unwind_on_malloc=0";
+    auto result = testing::run_command(argv, env, std::chrono::seconds(90));
     EXPECT_EQ(result.exit_code, 0) << name << ": " << result.err;
     std::vector<std::vector<torch::Tensor>> ranks;
     for (int r = 0; std::filesystem::exists(out / ("params." + std::to_string(r) + ".pt")); ++r) {
