@@ -667,7 +667,8 @@ void Trainer::check_resume_source() const {
     return;
   }
   // A user's logger may keep its runs elsewhere: restore() looks beside its run folder then.
-  if (!loggers_set_by_user_) find_last_checkpoint(std::filesystem::path(options_.default_root_dir()) / loggers::LoggerOptions("").name());
+  if (loggers_set_by_user_) return;
+  find_last_checkpoint(std::filesystem::path(options_.default_root_dir()) / loggers::LoggerOptions("").name());
 }
 
 void Trainer::restore(const std::string& ckpt_path) {
