@@ -117,7 +117,7 @@ class Trainer {
   void run_fit(const std::shared_ptr<TrainingModule>& module, const std::shared_ptr<DataLoader>& train,
                const std::shared_ptr<DataLoader>& val);
   void setup(const std::shared_ptr<TrainingModule>& module);
-  void check_resume_source() const;
+  void check_resume_source();
   void record_resume(const std::string& path, const std::string& origin) const;
   std::string why_nothing_trained(int64_t epoch, int64_t max_epochs) const;
   void attach_sampler(DataLoader& loader, bool shuffle);
@@ -144,6 +144,7 @@ class Trainer {
   std::vector<std::shared_ptr<Callback>> callbacks_;
   std::vector<std::shared_ptr<Logger>> loggers_;
   std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io_;
+  std::optional<checkpoint::Checkpoint> early_checkpoint_;  // --ckpt-path, read before launch
   bool loggers_set_by_user_ = false;
   std::string log_dir_;
 

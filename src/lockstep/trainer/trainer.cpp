@@ -658,12 +658,12 @@ void Trainer::record_resume(const std::string& path, const std::string& origin) 
   std::cerr << ".\n";
 }
 
-void Trainer::check_resume_source() const {
+void Trainer::check_resume_source() {
   // Before a run folder is made or a rank launched, so that a bad path is one message, once.
   const std::string& path = options_.ckpt_path();
   if (path.empty()) return;
   if (path != "last") {
-    checkpoint_io_->load(path);
+    early_checkpoint_ = checkpoint_io_->load(path);  // restore() uses it: one read
     return;
   }
   // A user's logger may keep its runs elsewhere: restore() looks beside its run folder then.
@@ -675,7 +675,8 @@ void Trainer::restore(const std::string& ckpt_path) {
   std::string path = ckpt_path;
   // This run has a new version folder: the newest last.ckpt beside it.
   if (path == "last") path = find_last_checkpoint(std::filesystem::path(log_dir_).parent_path());
-  auto ckpt = checkpoint_io_->load(path);
+  auto ckpt = early_checkpoint_ && path == options_.ckpt_path() ? *early_checkpoint_ : checkpoint_io_->load(path);
+  early_checkpoint_.reset();
   checkpoint::require_keys(ckpt, {"state_dict", "optimizer_states", "epoch", "global_step", "loops"}, path);
   // A checkpoint of something else may have the keys but not their contents: LibTorch's type
   // errors become one message naming the key and what it should hold.
