@@ -152,6 +152,22 @@ TEST(AgentStore, NoAgentIsAnErrorWithinTheTimeout) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 15s);
 }
 
+// Gloo's constructor alone is not a synchronisation point: a rank that returned from it first and
+// dropped its group closed pairs a slower peer was still handshaking on (pytorch/pytorch#61396).
+// When init() or new_subgroup() returns on any rank, every member has connected.
+TEST(Connect, ReturnsOnlyWhenEveryRankHasConnected) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const int n = 4;
+  testing::run_threads(n, [&](int rank) {
+    auto group = ProcessGroup::init_with_store(store, ProcessGroupOptions(rank, n).timeout(20s));
+    EXPECT_EQ(store->add("lockstep/world/lockstep_connected", 0), n) << "rank " << rank;
+    auto evens = group->new_subgroup({0, 2});
+    if (rank % 2 == 1) return;  // leaves at once, as Collectives.Subgroups' odd ranks do
+    EXPECT_EQ(store->add("lockstep/world/subgroup/0/lockstep_connected", 0), 2) << "rank " << rank;
+    EXPECT_FLOAT_EQ(all_reduce(*evens, torch::ones({1}), ReduceOp::sum).item<float>(), 2.0f);
+  });
+}
+
 }  // namespace
 }  // namespace distributed
 }  // namespace lockstep
