@@ -5,6 +5,7 @@
 // the same file build on (a class defined once, used in the next block).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -113,6 +114,27 @@ TEST(DocsCompile, EveryDocumentedProgramAndExampleBuildsAgainstTheInstalledPacka
   const auto result = build(programs, examples, installed_package(dir), dir);
   EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
   for (const auto& program : programs) EXPECT_TRUE(fs::exists(dir / ("build/" + program.name))) << program.name;
+
+  // The guide's "DDP without the Trainer", run as the guide says: two ranks under `lockstep
+  // launch`, rank 0 printing one line per epoch of Fashion-MNIST, the loss going down.
+  const auto plain = std::find_if(programs.begin(), programs.end(), [](const Program& p) {
+    return p.code.find("\"plain_ddp\"") != std::string::npos;
+  });
+  ASSERT_NE(plain, programs.end()) << "the user guide's DDP-without-the-Trainer program";
+  const auto run = run_command({std::string(LOCKSTEP_BIN_DIR) + "/lockstep", "launch", "--nproc-per-node", "2", "--",
+                                dir / ("build/" + plain->name)},
+                               {{"PATH", "/usr/bin:/bin"}, {"HOME", "/tmp"}}, std::chrono::seconds(300));
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  const auto lines = run.out_lines();
+  ASSERT_EQ(lines.size(), 3u) << run.out;
+  std::vector<float> losses;
+  for (size_t epoch = 0; epoch < lines.size(); ++epoch) {
+    const std::string start = "epoch " + std::to_string(epoch) + ": loss ";
+    ASSERT_EQ(lines[epoch].rfind(start, 0), 0u) << lines[epoch];
+    losses.push_back(std::stof(lines[epoch].substr(start.size())));
+  }
+  EXPECT_LT(losses[0], 1.0f) << "one epoch of SGD on Fashion-MNIST ends near 0.6";
+  EXPECT_LT(losses[2], losses[0]) << run.out;
 }
 
 // The same machinery fails, naming the block, when a block is broken (here: README's first
