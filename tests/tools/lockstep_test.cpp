@@ -5,6 +5,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#define STB_IMAGE_IMPLEMENTATION
+#include <stb/stb_image.h>
+
 #include <lockstep/environments/cluster_environment.h>
 #include <lockstep/launchers/worker_environment.h>
 
@@ -57,18 +60,55 @@ TEST(LockstepPlot, AWrongFolderIsOneClearError) {
   EXPECT_EQ(result.err.find("lockstep plot:"), std::string::npos) << result.err;
 }
 
-// --devices 2 on a plain machine: the job is 2 processes, this one is rank 0 of 1 until fit
-// launches the other; both are labelled.
-// A run of one epoch has one validation point: drawn, with no gnuplot warning about an empty
-// range (an explicit window around it).
-TEST(LockstepPlot, ARunOfOneEpochDrawsWithoutWarnings) {
+// Pixels of a PNG near colour (r, g, b) left of column `right` (the key sits outside the plot, on
+// the right), so what is counted is what was drawn in the plot area.
+int pixels_near(const std::string& png, int r, int g, int b, int right) {
+  int width = 0, height = 0, channels = 0;
+  unsigned char* pixels = stbi_load(png.c_str(), &width, &height, &channels, 3);
+  if (pixels == nullptr) {
+    ADD_FAILURE() << png << ": " << stbi_failure_reason();
+    return 0;
+  }
+  int count = 0;
+  for (int y = 0; y < height; ++y) {
+    for (int x = 0; x < std::min(width, right); ++x) {
+      const unsigned char* p = pixels + 3 * (y * width + x);
+      count += std::abs(p[0] - r) + std::abs(p[1] - g) + std::abs(p[2] - b) < 60;
+    }
+  }
+  stbi_image_free(pixels);
+  return count;
+}
+
+// gnuplot's first two line colours (5.4 defaults): a series' points, then its smoothed line.
+constexpr int kPoints[3] = {0x94, 0x00, 0xd3}, kSmoothed[3] = {0x00, 0x9e, 0x73};
+constexpr int kPlotArea = 600;  // of the 900 columns; the key is right of it
+
+// A run of one epoch has one validation point: drawn as a visible marker, with no gnuplot warning
+// about an empty range (an explicit window around it).
+TEST(LockstepPlot, ARunOfOneEpochDrawsItsPointWithoutWarnings) {
   testing::TempDir dir;
   std::ofstream(dir.file("metrics.csv")) << "step,epoch,val_acc,val_loss\n2,0,0.8,0.5\n";
   auto result = run_command({lockstep_bin, "plot", dir.path()}, plain_environment());
   EXPECT_EQ(result.exit_code, 0) << result.err;
   EXPECT_EQ(result.err, "");
-  EXPECT_TRUE(std::filesystem::exists(dir.file("acc.png")));
-  EXPECT_TRUE(std::filesystem::exists(dir.file("loss.png")));
+  for (const std::string png : {"acc.png", "loss.png"}) {
+    EXPECT_GE(pixels_near(dir.file(png), kPoints[0], kPoints[1], kPoints[2], kPlotArea), 40) << png << ": no visible marker";
+    EXPECT_EQ(pixels_near(dir.file(png), kSmoothed[0], kSmoothed[1], kSmoothed[2], kPlotArea), 0) << png;
+  }
+}
+
+// The per-step training loss is jagged: a smoothed line is drawn through it.
+TEST(LockstepPlot, APerStepLossGetsASmoothedLine) {
+  testing::TempDir dir;
+  std::ofstream csv(dir.file("metrics.csv"));
+  csv << "step,epoch,train_loss\n";
+  for (int step = 1; step <= 40; ++step) csv << step << ",0," << 1.0 / step + (step % 2) * 0.2 << "\n";
+  csv.close();
+  auto result = run_command({lockstep_bin, "plot", dir.path()}, plain_environment());
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_GE(pixels_near(dir.file("loss.png"), kSmoothed[0], kSmoothed[1], kSmoothed[2], kPlotArea), 200);
+  EXPECT_GE(pixels_near(dir.file("loss.png"), kPoints[0], kPoints[1], kPoints[2], kPlotArea), 200);
 }
 
 // A resumed run links to the run it resumed (resumed_from): plot draws them as one.
@@ -91,6 +131,8 @@ TEST(LockstepPlot, AResumedRunIsDrawnWithTheRunItResumed) {
             std::string::npos) << result.out;
 }
 
+// --devices 2 on a plain machine: the job is 2 processes, this one is rank 0 of 1 until fit
+// launches the other; both are labelled.
 TEST(LockstepEnv, TheJobAndThisProcessAreLabelled) {
   auto result = run_command({lockstep_bin, "env", "--devices", "2"}, plain_environment());
   EXPECT_EQ(result.exit_code, 0) << result.err;

@@ -126,8 +126,9 @@ std::string plot_script(const std::map<std::string, Series>& metrics, const std:
     for (const auto& [x, y] : series) {
       x_lo = std::min(x_lo, x), x_hi = std::max(x_hi, x), y_lo = std::min(y_lo, y), y_hi = std::max(y_hi, y);
     }
-    plots << (plots.tellp() > 0 ? ", " : "") << "$" << block << " using 1:2 with linespoints pt 7 ps 0.5 title '"
-          << name << "'";
+    // Few points (per-epoch values, or one): markers big enough to see; many: small dots.
+    plots << (plots.tellp() > 0 ? ", " : "") << "$" << block << " using 1:2 with linespoints pt 7 ps "
+          << (series.size() < 20 ? "1.5" : "0.5") << " title '" << name << "'";
     if (series.size() >= 20) {  // per-step values: a trend line through the noise
       write_block(blocks, block + "s", smoothed(series));
       plots << ", $" << block << "s using 1:2 with lines lw 2 title '" << name << " (smoothed)'";
