@@ -14,7 +14,7 @@
 
 #include <lockstep/cli/guarded_main.h>
 #include <lockstep/cli/trainer_flags.h>
-#include <lockstep/core/dataset.h>
+#include <lockstep/data/dataset.h>
 #include <lockstep/core/training_module.h>
 #include <lockstep/core/usage_error.h>
 #include <lockstep/distributed/ddp.h>

@@ -157,7 +157,7 @@ class Gan : public TrainingModule {
     for (const auto& t : parameters()) flat.push_back(t.detach().reshape({-1}));
     const auto mine = torch::cat(flat);
     double worst = 0;
-    for (const auto& other : trainer()->strategy().all_gather(mine)) {
+    for (const auto& other : all_gather(mine)) {
       worst = std::max(worst, (other - mine).abs().max().item<double>());
     }
     if (global_rank() == 0) {

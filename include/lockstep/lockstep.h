@@ -17,8 +17,8 @@
 #include <lockstep/cli/trainer_flags.h>
 #include <lockstep/core/batch.h>
 #include <lockstep/core/blas.h>
-#include <lockstep/core/data_loader.h>
-#include <lockstep/core/dataset.h>
+#include <lockstep/data/data_loader.h>
+#include <lockstep/data/dataset.h>
 #include <lockstep/core/retry.h>
 #include <lockstep/core/seed.h>
 #include <lockstep/core/training_module.h>
@@ -32,7 +32,7 @@
 #include <lockstep/distributed/process_group.h>
 #include <lockstep/distributed/join.h>
 #include <lockstep/distributed/rank_zero.h>
-#include <lockstep/distributed/sampler.h>
+#include <lockstep/data/sampler.h>
 #include <lockstep/distributed/separate_ddp.h>
 #include <lockstep/distributed/sync_batchnorm.h>
 #include <lockstep/environments/cluster_environment.h>

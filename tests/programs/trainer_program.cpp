@@ -26,7 +26,7 @@ namespace {
 // Validations that ran during fit, sanity checks not counted.
 struct CountValidations : lockstep::Callback {
   std::string name() const override { return "CountValidations"; }
-  void on_validation_end(lockstep::Trainer& trainer, lockstep::TrainingModule&) override {
+  void on_validation_end(lockstep::TrainerView& trainer, lockstep::TrainingModule&) override {
     if (!trainer.sanity_checking()) ++count;
   }
   int64_t count = 0;
@@ -36,9 +36,9 @@ struct CountValidations : lockstep::Callback {
 struct FailOnRank : lockstep::Callback {
   explicit FailOnRank(int rank) : rank(rank) {}
   std::string name() const override { return "FailOnRank"; }
-  void on_train_batch_end(lockstep::Trainer& trainer, lockstep::TrainingModule&, const torch::Tensor&,
+  void on_train_batch_end(lockstep::TrainerView& trainer, lockstep::TrainingModule&, const torch::Tensor&,
                           int64_t) override {
-    if (trainer.strategy().global_rank() == rank) throw std::runtime_error("rank " + std::to_string(rank) + " fails on purpose");
+    if (trainer.global_rank() == rank) throw std::runtime_error("rank " + std::to_string(rank) + " fails on purpose");
   }
   int rank;
 };
@@ -47,10 +47,10 @@ struct FailOnRank : lockstep::Callback {
 struct PauseOnce : lockstep::Callback {
   PauseOnce(std::string out, int ms) : out(std::move(out)), ms(ms) {}
   std::string name() const override { return "PauseOnce"; }
-  void on_train_batch_end(lockstep::Trainer& trainer, lockstep::TrainingModule&, const torch::Tensor&,
+  void on_train_batch_end(lockstep::TrainerView& trainer, lockstep::TrainingModule&, const torch::Tensor&,
                           int64_t batch_idx) override {
     if (batch_idx != 0 || trainer.current_epoch() != 0) return;
-    const std::string file = out + "/paused." + std::to_string(trainer.strategy().global_rank());
+    const std::string file = out + "/paused." + std::to_string(trainer.global_rank());
     { std::ofstream(file + ".partial") << ::getpid() << "\n"; }
     std::rename((file + ".partial").c_str(), file.c_str());
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
     }
     trainer.fit(model, std::make_shared<lockstep::DataLoader>(data, lockstep::DataLoaderOptions(batch_size).shuffle(true).seed(4)), val);
     if (!save.empty()) trainer.save_checkpoint(save);
-    const std::string rank = std::to_string(trainer.strategy().global_rank());
+    const std::string rank = std::to_string(trainer.global_rank());
     torch::save(model->parameters(), out + "/params." + rank + ".pt");
     std::ofstream(out + "/done." + rank) << trainer.global_step() << "\n";
     if (validate) std::ofstream(out + "/validations." + rank) << validations->count << "\n";

@@ -5,7 +5,7 @@
 
 #include <torch/torch.h>
 
-#include <lockstep/core/dataset.h>
+#include <lockstep/data/dataset.h>
 #include <lockstep/core/training_module.h>
 
 namespace lockstep {

@@ -8,7 +8,7 @@
 
 #include <torch/torch.h>
 
-#include <lockstep/core/data_loader.h>
+#include <lockstep/data/data_loader.h>
 #include <lockstep/trainer/trainer_options.h>
 
 #include "regression.h"

@@ -8,10 +8,10 @@
 #include <torch/types.h>
 
 #include <lockstep/core/batch.h>
+#include <lockstep/core/trainer_view.h>
 
 namespace lockstep {
 
-class Trainer;
 class TrainingModule;
 
 class Callback {
@@ -20,19 +20,19 @@ class Callback {
   /// Unique name, the key of this callback's state in checkpoints.
   virtual std::string name() const = 0;
 
-  virtual void on_fit_start(Trainer& trainer, TrainingModule& module) {}
-  virtual void on_fit_end(Trainer& trainer, TrainingModule& module) {}
-  virtual void on_train_epoch_start(Trainer& trainer, TrainingModule& module) {}
+  virtual void on_fit_start(TrainerView& trainer, TrainingModule& module) {}
+  virtual void on_fit_end(TrainerView& trainer, TrainingModule& module) {}
+  virtual void on_train_epoch_start(TrainerView& trainer, TrainingModule& module) {}
   /// After the epoch's training batches and its validation, with epoch metrics available.
-  virtual void on_train_epoch_end(Trainer& trainer, TrainingModule& module) {}
-  virtual void on_train_batch_end(Trainer& trainer, TrainingModule& module, const torch::Tensor& loss,
+  virtual void on_train_epoch_end(TrainerView& trainer, TrainingModule& module) {}
+  virtual void on_train_batch_end(TrainerView& trainer, TrainingModule& module, const torch::Tensor& loss,
                                   int64_t batch_idx) {}
-  virtual void on_validation_start(Trainer& trainer, TrainingModule& module) {}
-  virtual void on_validation_batch_end(Trainer& trainer, TrainingModule& module, int64_t batch_idx) {}
-  virtual void on_validation_end(Trainer& trainer, TrainingModule& module) {}
-  virtual void on_test_end(Trainer& trainer, TrainingModule& module) {}
+  virtual void on_validation_start(TrainerView& trainer, TrainingModule& module) {}
+  virtual void on_validation_batch_end(TrainerView& trainer, TrainingModule& module, int64_t batch_idx) {}
+  virtual void on_validation_end(TrainerView& trainer, TrainingModule& module) {}
+  virtual void on_test_end(TrainerView& trainer, TrainingModule& module) {}
   /// Just before an optimizer step (gradients are synchronised and clipped).
-  virtual void on_before_optimizer_step(Trainer& trainer, TrainingModule& module) {}
+  virtual void on_before_optimizer_step(TrainerView& trainer, TrainingModule& module) {}
 
   /// State saved in checkpoints and restored on resume.
   virtual c10::IValue state_dict() const { return c10::IValue(); }

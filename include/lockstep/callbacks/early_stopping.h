@@ -27,10 +27,10 @@ class EarlyStopping : public Callback {
   /// "EarlyStopping{'monitor': 'val_loss', 'mode': 'min'}", as Lightning's state key.
   std::string name() const override;
 
-  void on_fit_start(Trainer& trainer, TrainingModule& module) override;
-  void on_fit_end(Trainer& trainer, TrainingModule& module) override;
-  void on_validation_end(Trainer& trainer, TrainingModule& module) override;
-  void on_train_epoch_end(Trainer& trainer, TrainingModule& module) override;
+  void on_fit_start(TrainerView& trainer, TrainingModule& module) override;
+  void on_fit_end(TrainerView& trainer, TrainingModule& module) override;
+  void on_validation_end(TrainerView& trainer, TrainingModule& module) override;
+  void on_train_epoch_end(TrainerView& trainer, TrainingModule& module) override;
 
   /// {"wait_count", "stopped_epoch", "best_score", "patience"}.
   c10::IValue state_dict() const override;
@@ -47,7 +47,7 @@ class EarlyStopping : public Callback {
   const std::string& reason() const { return reason_; }
 
  private:
-  void check(Trainer& trainer);
+  void check(TrainerView& trainer);
   /// Updates the best score and count with `current`; true when training should stop.
   bool evaluate(double current);
   bool better(double a, double b) const;

@@ -24,10 +24,10 @@ class LearningRateMonitor : public Callback {
   explicit LearningRateMonitor(LearningRateMonitorOptions options = {});
 
   std::string name() const override { return "LearningRateMonitor"; }
-  void on_fit_start(Trainer& trainer, TrainingModule& module) override;
-  void on_train_epoch_start(Trainer& trainer, TrainingModule& module) override;
-  void on_before_optimizer_step(Trainer& trainer, TrainingModule& module) override;
-  void on_train_batch_end(Trainer& trainer, TrainingModule& module, const torch::Tensor& loss,
+  void on_fit_start(TrainerView& trainer, TrainingModule& module) override;
+  void on_train_epoch_start(TrainerView& trainer, TrainingModule& module) override;
+  void on_before_optimizer_step(TrainerView& trainer, TrainingModule& module) override;
+  void on_train_batch_end(TrainerView& trainer, TrainingModule& module, const torch::Tensor& loss,
                           int64_t batch_idx) override;
 
   /// Every value logged so far, by name, in order.
@@ -37,8 +37,8 @@ class LearningRateMonitor : public Callback {
 
  private:
   /// Name -> value for every optimizer and group (and momentum, weight decay when asked).
-  std::map<std::string, double> current_values(Trainer& trainer) const;
-  void record(Trainer& trainer, int64_t step);
+  std::map<std::string, double> current_values(TrainerView& trainer) const;
+  void record(TrainerView& trainer, int64_t step);
 
   LearningRateMonitorOptions options_;
   bool per_step_ = false;

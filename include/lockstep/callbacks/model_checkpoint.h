@@ -38,12 +38,12 @@ class ModelCheckpoint : public Callback {
   /// 'every_n_epochs': 1}", so that several checkpoint callbacks keep separate state.
   std::string name() const override;
 
-  void on_fit_start(Trainer& trainer, TrainingModule& module) override;
-  void on_fit_end(Trainer& trainer, TrainingModule& module) override;
-  void on_train_batch_end(Trainer& trainer, TrainingModule& module, const torch::Tensor& loss,
+  void on_fit_start(TrainerView& trainer, TrainingModule& module) override;
+  void on_fit_end(TrainerView& trainer, TrainingModule& module) override;
+  void on_train_batch_end(TrainerView& trainer, TrainingModule& module, const torch::Tensor& loss,
                           int64_t batch_idx) override;
-  void on_validation_end(Trainer& trainer, TrainingModule& module) override;
-  void on_train_epoch_end(Trainer& trainer, TrainingModule& module) override;
+  void on_validation_end(TrainerView& trainer, TrainingModule& module) override;
+  void on_train_epoch_end(TrainerView& trainer, TrainingModule& module) override;
 
   /// {"monitor", "best_model_score", "best_model_path", "current_score", "dirpath",
   /// "best_k_models" (path -> score), "kth_best_model_path", "kth_value", "last_model_path"}.
@@ -73,16 +73,16 @@ class ModelCheckpoint : public Callback {
 
  private:
   struct TopKDecision;
-  std::map<std::string, double> monitor_candidates(Trainer& trainer) const;
-  void save_topk(Trainer& trainer, bool epoch_end);
-  TopKDecision decide_topk(Trainer& trainer, const std::map<std::string, double>& candidates, bool epoch_end);
-  TopKDecision share(Trainer& trainer, TopKDecision decision);
-  void save_last(Trainer& trainer);
-  void save(Trainer& trainer, const std::string& path);
-  bool skip_saving(Trainer& trainer) const;
+  std::map<std::string, double> monitor_candidates(TrainerView& trainer) const;
+  void save_topk(TrainerView& trainer, bool epoch_end);
+  TopKDecision decide_topk(TrainerView& trainer, const std::map<std::string, double>& candidates, bool epoch_end);
+  TopKDecision share(TrainerView& trainer, TopKDecision decision);
+  void save_last(TrainerView& trainer);
+  void save(TrainerView& trainer, const std::string& path);
+  bool skip_saving(TrainerView& trainer) const;
   bool enters_top_k(double current) const;
   std::string unused_path(const std::map<std::string, double>& candidates, const std::string& replaced) const;
-  void missing_monitor(Trainer& trainer, const std::map<std::string, double>& candidates, bool epoch_end);
+  void missing_monitor(TrainerView& trainer, const std::map<std::string, double>& candidates, bool epoch_end);
   void apply_state(const c10::impl::GenericDict& state);
 
   ModelCheckpointOptions options_;

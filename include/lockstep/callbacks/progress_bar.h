@@ -23,15 +23,15 @@ class ProgressBar : public Callback {
   explicit ProgressBar(ProgressBarOptions options = {});
 
   std::string name() const override { return "ProgressBar"; }
-  void on_fit_start(Trainer& trainer, TrainingModule& module) override;
-  void on_fit_end(Trainer& trainer, TrainingModule& module) override;
-  void on_train_epoch_start(Trainer& trainer, TrainingModule& module) override;
-  void on_train_batch_end(Trainer& trainer, TrainingModule& module, const torch::Tensor& loss,
+  void on_fit_start(TrainerView& trainer, TrainingModule& module) override;
+  void on_fit_end(TrainerView& trainer, TrainingModule& module) override;
+  void on_train_epoch_start(TrainerView& trainer, TrainingModule& module) override;
+  void on_train_batch_end(TrainerView& trainer, TrainingModule& module, const torch::Tensor& loss,
                           int64_t batch_idx) override;
-  void on_validation_start(Trainer& trainer, TrainingModule& module) override;
-  void on_validation_batch_end(Trainer& trainer, TrainingModule& module, int64_t batch_idx) override;
-  void on_validation_end(Trainer& trainer, TrainingModule& module) override;
-  void on_train_epoch_end(Trainer& trainer, TrainingModule& module) override;
+  void on_validation_start(TrainerView& trainer, TrainingModule& module) override;
+  void on_validation_batch_end(TrainerView& trainer, TrainingModule& module, int64_t batch_idx) override;
+  void on_validation_end(TrainerView& trainer, TrainingModule& module) override;
+  void on_train_epoch_end(TrainerView& trainer, TrainingModule& module) override;
 
   /// Whether it draws a live bar (the option, or whether stderr is a terminal).
   bool live() const { return live_; }

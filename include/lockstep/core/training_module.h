@@ -13,42 +13,11 @@
 #include <torch/optim/schedulers/lr_scheduler.h>
 
 #include <lockstep/core/batch.h>
+#include <lockstep/core/log_options.h>
+#include <lockstep/core/optimizer_config.h>
+#include <lockstep/core/trainer_view.h>
 
 namespace lockstep {
-
-class Trainer;
-
-/// How `log` treats a value. Defaults follow Lightning: in training, on_step; in validation and
-/// test, on_epoch (mean over the epoch weighted by batch size).
-struct LogOptions {
-  /// Show it on the progress bar. Default: false.
-  TORCH_ARG(bool, prog_bar) = false;
-  /// Record every step. Default: unset (true in training, false otherwise).
-  TORCH_ARG(std::optional<bool>, on_step) = std::nullopt;
-  /// Record the epoch's batch-size-weighted mean. Default: unset (false in training, true otherwise).
-  TORCH_ARG(std::optional<bool>, on_epoch) = std::nullopt;
-  /// Reduce across ranks (the global weighted mean, one all_reduce). Default: false.
-  TORCH_ARG(bool, sync_dist) = false;
-  /// Send it to the loggers (CSV, TensorBoard). Default: true.
-  TORCH_ARG(bool, logger) = true;
-};
-
-/// An LR scheduler and when it steps.
-struct SchedulerConfig {
-  std::shared_ptr<torch::optim::LRScheduler> scheduler;
-  /// "epoch" (after each training epoch) or "step" (after each optimizer step).
-  std::string interval = "epoch";
-};
-
-/// What configure_optimizers returns: one or more optimizers, and optional schedulers.
-struct OptimizerConfig {
-  OptimizerConfig() = default;
-  /// One optimizer, as in `return std::make_shared<torch::optim::Adam>(parameters(), 1e-3);`
-  template <typename Opt, typename = std::enable_if_t<std::is_base_of<torch::optim::Optimizer, Opt>::value>>
-  OptimizerConfig(std::shared_ptr<Opt> optimizer) : optimizers{std::move(optimizer)} {}  // NOLINT
-  std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers;
-  std::vector<SchedulerConfig> schedulers;
-};
 
 /// A model that knows how to train.
 ///
@@ -101,7 +70,9 @@ class TrainingModule : public torch::nn::Module {
   void manual_backward(const torch::Tensor& loss);
 
   /// The trainer running this module (null outside fit/validate/test/predict).
-  Trainer* trainer() const { return trainer_; }
+  TrainerView* trainer() const { return trainer_; }
+  /// `tensor` of every rank, in rank order (a list of one outside a distributed run).
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor);
   int64_t current_epoch() const;
   int64_t global_step() const;
   int global_rank() const;
@@ -113,8 +84,8 @@ class TrainingModule : public torch::nn::Module {
   std::map<std::string, std::string>& hparams() { return hparams_; }
 
  private:
-  friend class Trainer;
-  Trainer* trainer_ = nullptr;
+  friend class TrainerView;  // attaches and detaches itself
+  TrainerView* trainer_ = nullptr;
   bool automatic_optimization_ = true;
   std::map<std::string, std::string> hparams_;
 };

@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include <lockstep/core/dataset.h>
+#include <lockstep/data/dataset.h>
 #include <lockstep/data/idx_dataset.h>
 
 namespace lockstep {

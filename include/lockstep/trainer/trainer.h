@@ -12,7 +12,8 @@
 #include <lockstep/callbacks/callback.h>
 #include <lockstep/callbacks/profiler.h>
 #include <lockstep/checkpoint/checkpoint_io.h>
-#include <lockstep/core/data_loader.h>
+#include <lockstep/data/data_loader.h>
+#include <lockstep/core/trainer_view.h>
 #include <lockstep/core/training_module.h>
 #include <lockstep/strategies/strategy.h>
 #include <lockstep/trainer/connector.h>
@@ -40,7 +41,7 @@ class DataModule {
 ///   lockstep::TrainerOptions options;                 // or parsed from flags, see cli/
 ///   lockstep::Trainer trainer(options.devices("2").max_epochs(3));
 ///   trainer.fit(model, train_loader, val_loader);     // launches rank 1 and trains on both
-class Trainer {
+class Trainer : public TrainerView {
  public:
   explicit Trainer(TrainerOptions options = {});
   ~Trainer();
@@ -79,39 +80,45 @@ class Trainer {
 
   // State, as Lightning's trainer.* attributes.
   const TrainerOptions& options() const { return options_; }
-  int64_t current_epoch() const { return current_epoch_; }
-  int64_t global_step() const { return global_step_; }
-  bool sanity_checking() const { return sanity_checking_; }
-  /// Set by a callback (EarlyStopping) to end fit after the current epoch; all ranks agree.
-  void request_stop() { should_stop_ = true; }
-  bool should_stop() const { return should_stop_; }
   strategies::Strategy& strategy();
-  bool is_global_zero();
-  /// Latest step metrics and epoch metrics, by logged name (what callbacks monitor).
-  const std::map<std::string, double>& callback_metrics() const { return callback_metrics_; }
-  std::map<std::string, double> progress_bar_metrics() const;
-  /// Number of training batches per epoch after limit_train_batches (known once fit started).
-  int64_t num_training_batches() const { return num_training_batches_; }
-  int64_t num_val_batches() const { return num_val_batches_; }
-  /// Validation runs after every this many training batches of an epoch (val_check_interval
-  /// resolved against num_training_batches; equal to it when validating at epoch ends only).
-  int64_t val_check_batch() const { return val_check_batch_; }
   const std::vector<std::shared_ptr<Logger>>& loggers() const { return loggers_; }
-  /// The first logger's directory (e.g. ./lockstep_logs/version_0), where checkpoints go by default.
-  std::string log_dir() const;
   const std::vector<std::shared_ptr<Callback>>& callbacks() const { return callbacks_; }
   TrainingModule* module() const { return module_.get(); }
-  const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers() const { return optimizer_config_.optimizers; }
-  const std::vector<SchedulerConfig>& lr_schedulers() const { return optimizer_config_.schedulers; }
-
-  /// Writes a checkpoint of the whole training state (rank 0 writes; every rank must call).
-  void save_checkpoint(const std::string& path);
+  bool should_stop() const { return should_stop_; }
   /// The checkpoint dictionary itself (what save_checkpoint writes).
   c10::impl::GenericDict checkpoint_state() const;
 
-  // Called by TrainingModule.
-  void log(const std::string& name, double value, const LogOptions& options);
-  void manual_backward(const torch::Tensor& loss);
+  // TrainerView: what modules and callbacks see.
+  int64_t current_epoch() const override { return current_epoch_; }
+  int64_t global_step() const override { return global_step_; }
+  bool sanity_checking() const override { return sanity_checking_; }
+  int64_t num_training_batches() const override { return num_training_batches_; }
+  int64_t num_val_batches() const override { return num_val_batches_; }
+  /// val_check_interval resolved against num_training_batches (equal to it when validating at
+  /// epoch ends only).
+  int64_t val_check_batch() const override { return val_check_batch_; }
+  int64_t check_val_every_n_epoch() const override { return options_.check_val_every_n_epoch(); }
+  int64_t log_every_n_steps() const override { return options_.log_every_n_steps(); }
+  int global_rank() override;
+  int world_size() override;
+  torch::Device root_device() override;
+  const std::map<std::string, double>& callback_metrics() const override { return callback_metrics_; }
+  std::map<std::string, double> progress_bar_metrics() const override;
+  void log(const std::string& name, double value, const LogOptions& options) override;
+  void log_metrics(const std::map<std::string, double>& metrics, int64_t step) override;
+  std::string log_dir() const override;
+  const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers() const override {
+    return optimizer_config_.optimizers;
+  }
+  const std::vector<SchedulerConfig>& lr_schedulers() const override { return optimizer_config_.schedulers; }
+  void manual_backward(const torch::Tensor& loss) override;
+  /// Set by a callback (EarlyStopping) to end fit after the current epoch; all ranks agree.
+  void request_stop() override { should_stop_ = true; }
+  void save_checkpoint(const std::string& path) override;
+  void remove_checkpoint(const std::string& path) override;
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor) override;
+  c10::IValue broadcast(const c10::IValue& value, int root = 0) override;
+  bool any_rank(bool decision) override;
 
  private:
   void run_fit(const std::shared_ptr<TrainingModule>& module, const std::shared_ptr<DataLoader>& train,

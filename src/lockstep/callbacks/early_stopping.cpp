@@ -6,7 +6,6 @@
 
 #include <lockstep/callbacks/metric_format.h>
 #include <lockstep/core/usage_error.h>
-#include <lockstep/trainer/trainer.h>
 
 namespace lockstep {
 namespace {
@@ -34,29 +33,29 @@ std::string EarlyStopping::name() const {
   return "EarlyStopping{'monitor': '" + options_.monitor() + "', 'mode': '" + options_.mode() + "'}";
 }
 
-void EarlyStopping::on_fit_start(Trainer& trainer, TrainingModule& module) {
+void EarlyStopping::on_fit_start(TrainerView& trainer, TrainingModule& module) {
   fitting_ = true;
   // As Lightning: check at epoch ends only when validation runs exactly there. When it skips
   // epochs, an epoch-end check would count the stale value again; when it runs within the epoch
   // (val_check_interval), each validation is checked as it ends.
-  const bool validates_at_epoch_ends_only = trainer.options().check_val_every_n_epoch() == 1 &&
+  const bool validates_at_epoch_ends_only = trainer.check_val_every_n_epoch() == 1 &&
                                             trainer.val_check_batch() >= trainer.num_training_batches();
   on_train_epoch_end_ = options_.check_on_train_epoch_end().value_or(validates_at_epoch_ends_only);
 }
 
-void EarlyStopping::on_fit_end(Trainer& trainer, TrainingModule& module) { fitting_ = false; }
+void EarlyStopping::on_fit_end(TrainerView& trainer, TrainingModule& module) { fitting_ = false; }
 
-void EarlyStopping::on_validation_end(Trainer& trainer, TrainingModule& module) {
+void EarlyStopping::on_validation_end(TrainerView& trainer, TrainingModule& module) {
   if (fitting_ && !on_train_epoch_end_ && !trainer.sanity_checking()) check(trainer);
 }
 
-void EarlyStopping::on_train_epoch_end(Trainer& trainer, TrainingModule& module) {
+void EarlyStopping::on_train_epoch_end(TrainerView& trainer, TrainingModule& module) {
   if (fitting_ && on_train_epoch_end_) check(trainer);
 }
 
 bool EarlyStopping::better(double a, double b) const { return options_.mode() == "min" ? a < b : a > b; }
 
-void EarlyStopping::check(Trainer& trainer) {
+void EarlyStopping::check(TrainerView& trainer) {
   const auto& metrics = trainer.callback_metrics();
   const auto found = metrics.find(options_.monitor());
   bool stop = false;
@@ -73,13 +72,13 @@ void EarlyStopping::check(Trainer& trainer) {
     if (options_.verbose() && trainer.is_global_zero()) std::cerr << "Warning: " << message << "\n";
   }
   // A rank whose own value says stop stops every rank: they must leave fit together.
-  stop = trainer.strategy().reduce_boolean_decision(stop, distributed::Decision::any);
+  stop = trainer.any_rank(stop);
   if (stop) {
     stopped_epoch_ = trainer.current_epoch();
     trainer.request_stop();
   }
   if (options_.verbose() && found != metrics.end() && trainer.is_global_zero()) {
-    const int world = trainer.strategy().world_size();
+    const int world = trainer.world_size();
     std::cerr << (world > 1 ? "[rank: 0] " : "") << reason_ << "\n";
   }
 }

@@ -5,9 +5,8 @@
 #include <c10/util/Type.h>
 #include <torch/optim.h>
 
+#include <lockstep/core/training_module.h>
 #include <lockstep/core/usage_error.h>
-#include <lockstep/loggers/logger.h>
-#include <lockstep/trainer/trainer.h>
 
 namespace lockstep {
 namespace {
@@ -47,7 +46,7 @@ LearningRateMonitor::LearningRateMonitor(LearningRateMonitorOptions options) : o
   }
 }
 
-void LearningRateMonitor::on_fit_start(Trainer& trainer, TrainingModule& module) {
+void LearningRateMonitor::on_fit_start(TrainerView& trainer, TrainingModule& module) {
   per_step_ = options_.logging_interval() == "step";
   if (options_.logging_interval().empty()) {
     for (const auto& config : trainer.lr_schedulers()) per_step_ = per_step_ || config.interval == "step";
@@ -63,7 +62,7 @@ void LearningRateMonitor::on_fit_start(Trainer& trainer, TrainingModule& module)
   }
 }
 
-std::map<std::string, double> LearningRateMonitor::current_values(Trainer& trainer) const {
+std::map<std::string, double> LearningRateMonitor::current_values(TrainerView& trainer) const {
   std::map<std::string, double> values;
   size_t next = 0;
   for (const auto& optimizer : trainer.optimizers()) {
@@ -78,28 +77,28 @@ std::map<std::string, double> LearningRateMonitor::current_values(Trainer& train
   return values;
 }
 
-void LearningRateMonitor::record(Trainer& trainer, int64_t step) {
+void LearningRateMonitor::record(TrainerView& trainer, int64_t step) {
   const auto values = current_values(trainer);
   for (const auto& [name, value] : values) history_[name].push_back(value);
   if (values.empty() || !trainer.is_global_zero()) return;
-  for (const auto& logger : trainer.loggers()) logger->log_metrics(values, step);
+  trainer.log_metrics(values, step);
 }
 
-void LearningRateMonitor::on_train_epoch_start(Trainer& trainer, TrainingModule& module) {
+void LearningRateMonitor::on_train_epoch_start(TrainerView& trainer, TrainingModule& module) {
   if (!per_step_) record(trainer, trainer.global_step());
 }
 
-void LearningRateMonitor::on_before_optimizer_step(Trainer& trainer, TrainingModule& module) {
+void LearningRateMonitor::on_before_optimizer_step(TrainerView& trainer, TrainingModule& module) {
   // The step about to run is number global_step + 1, the step its loss is logged at.
   const int64_t step = trainer.global_step() + 1;
-  if (per_step_ && step % trainer.options().log_every_n_steps() == 0) record(trainer, step);
+  if (per_step_ && step % trainer.log_every_n_steps() == 0) record(trainer, step);
 }
 
-void LearningRateMonitor::on_train_batch_end(Trainer& trainer, TrainingModule& module, const torch::Tensor& loss,
+void LearningRateMonitor::on_train_batch_end(TrainerView& trainer, TrainingModule& module, const torch::Tensor& loss,
                                              int64_t batch_idx) {
   // Manual optimisation has no optimizer-step hook; its steps are counted per batch.
   if (!per_step_ || module.automatic_optimization()) return;
-  if (trainer.global_step() % trainer.options().log_every_n_steps() == 0) record(trainer, trainer.global_step());
+  if (trainer.global_step() % trainer.log_every_n_steps() == 0) record(trainer, trainer.global_step());
 }
 
 }  // namespace lockstep

@@ -11,9 +11,7 @@
 #include <stdexcept>
 
 #include <lockstep/callbacks/metric_format.h>
-#include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/core/usage_error.h>
-#include <lockstep/trainer/trainer.h>
 
 namespace lockstep {
 namespace {
@@ -148,7 +146,7 @@ std::string ModelCheckpoint::format_checkpoint_name(const std::map<std::string, 
   return (std::filesystem::path(dirpath_) / (name + kExtension)).string();
 }
 
-void ModelCheckpoint::on_fit_start(Trainer& trainer, TrainingModule& module) {
+void ModelCheckpoint::on_fit_start(TrainerView& trainer, TrainingModule& module) {
   fitting_ = true;
   validation_ran_ = false;
   warned_missing_ = false;
@@ -166,31 +164,31 @@ void ModelCheckpoint::on_fit_start(Trainer& trainer, TrainingModule& module) {
   loaded_dirpath_.reset();
 }
 
-void ModelCheckpoint::on_fit_end(Trainer& trainer, TrainingModule& module) { fitting_ = false; }
+void ModelCheckpoint::on_fit_end(TrainerView& trainer, TrainingModule& module) { fitting_ = false; }
 
 namespace {
 
 // Validation runs within the epoch (val_check_interval below one epoch): then, as in Lightning,
 // the checkpoint is taken after each validation rather than at the epoch's end, so that every
 // validation's score competes.
-bool validates_within_the_epoch(const Trainer& trainer) {
+bool validates_within_the_epoch(const TrainerView& trainer) {
   return trainer.val_check_batch() < trainer.num_training_batches();
 }
 
 }  // namespace
 
-void ModelCheckpoint::on_validation_end(Trainer& trainer, TrainingModule& module) {
+void ModelCheckpoint::on_validation_end(TrainerView& trainer, TrainingModule& module) {
   if (fitting_ && !trainer.sanity_checking()) validation_ran_ = true;
   if (!validates_within_the_epoch(trainer) || skip_saving(trainer)) return;
   if (every_n_epochs_ >= 1 && (trainer.current_epoch() + 1) % every_n_epochs_ == 0) save_topk(trainer, false);
   save_last(trainer);
 }
 
-bool ModelCheckpoint::skip_saving(Trainer& trainer) const {
+bool ModelCheckpoint::skip_saving(TrainerView& trainer) const {
   return !fitting_ || trainer.sanity_checking() || last_global_step_saved_ == trainer.global_step();
 }
 
-void ModelCheckpoint::on_train_batch_end(Trainer& trainer, TrainingModule& module, const torch::Tensor& loss,
+void ModelCheckpoint::on_train_batch_end(TrainerView& trainer, TrainingModule& module, const torch::Tensor& loss,
                                          int64_t batch_idx) {
   const int64_t n = options_.every_n_train_steps();
   if (n < 1 || skip_saving(trainer) || trainer.global_step() % n != 0) return;
@@ -198,25 +196,25 @@ void ModelCheckpoint::on_train_batch_end(Trainer& trainer, TrainingModule& modul
   save_last(trainer);
 }
 
-void ModelCheckpoint::on_train_epoch_end(Trainer& trainer, TrainingModule& module) {
+void ModelCheckpoint::on_train_epoch_end(TrainerView& trainer, TrainingModule& module) {
   if (skip_saving(trainer)) return;
   if (every_n_epochs_ >= 1 && (trainer.current_epoch() + 1) % every_n_epochs_ == 0) save_topk(trainer, true);
   save_last(trainer);
 }
 
-std::map<std::string, double> ModelCheckpoint::monitor_candidates(Trainer& trainer) const {
+std::map<std::string, double> ModelCheckpoint::monitor_candidates(TrainerView& trainer) const {
   auto candidates = trainer.callback_metrics();
   candidates.emplace("epoch", static_cast<double>(trainer.current_epoch()));
   candidates.emplace("step", static_cast<double>(trainer.global_step()));
   return candidates;
 }
 
-void ModelCheckpoint::save(Trainer& trainer, const std::string& path) {
+void ModelCheckpoint::save(TrainerView& trainer, const std::string& path) {
   trainer.save_checkpoint(path);
   last_global_step_saved_ = trainer.global_step();
 }
 
-void ModelCheckpoint::save_topk(Trainer& trainer, bool epoch_end) {
+void ModelCheckpoint::save_topk(TrainerView& trainer, bool epoch_end) {
   if (options_.save_top_k() == 0) return;
   TopKDecision decision;
   if (trainer.is_global_zero()) {
@@ -235,21 +233,20 @@ void ModelCheckpoint::save_topk(Trainer& trainer, bool epoch_end) {
     throw std::runtime_error(decision.error);
   }
   if (!decision.save.empty()) save(trainer, decision.save);
-  if (!decision.remove.empty() && trainer.is_global_zero()) trainer.checkpoint_io().remove(decision.remove);
+  if (!decision.remove.empty() && trainer.is_global_zero()) trainer.remove_checkpoint(decision.remove);
 }
 
 // Rank 0's decision and resulting state on every rank (rank 0 alone ran decide_topk).
-ModelCheckpoint::TopKDecision ModelCheckpoint::share(Trainer& trainer, TopKDecision decision) {
-  auto& strategy = trainer.strategy();
-  if (strategy.world_size() == 1) return decision;
+ModelCheckpoint::TopKDecision ModelCheckpoint::share(TrainerView& trainer, TopKDecision decision) {
+  if (trainer.world_size() == 1) return decision;
   c10::impl::GenericDict message(c10::StringType::get(), c10::AnyType::get());
   message.insert("error", decision.error);
   message.insert("usage_error", decision.usage_error);
   message.insert("save", decision.save);
   message.insert("remove", decision.remove);
   message.insert("state", state_dict());
-  const auto shared = strategy.broadcast(c10::IValue(message), 0).toGenericDict();
-  if (!strategy.is_global_zero()) apply_state(shared.at("state").toGenericDict());
+  const auto shared = trainer.broadcast(c10::IValue(message), 0).toGenericDict();
+  if (!trainer.is_global_zero()) apply_state(shared.at("state").toGenericDict());
   decision.error = shared.at("error").toStringRef();
   decision.usage_error = shared.at("usage_error").toBool();
   decision.save = shared.at("save").toStringRef();
@@ -257,7 +254,7 @@ ModelCheckpoint::TopKDecision ModelCheckpoint::share(Trainer& trainer, TopKDecis
   return decision;
 }
 
-ModelCheckpoint::TopKDecision ModelCheckpoint::decide_topk(Trainer& trainer,
+ModelCheckpoint::TopKDecision ModelCheckpoint::decide_topk(TrainerView& trainer,
                                                             const std::map<std::string, double>& candidates,
                                                             bool epoch_end) {
   TopKDecision decision;
@@ -348,7 +345,7 @@ std::string ModelCheckpoint::unused_path(const std::map<std::string, double>& ca
   return path;
 }
 
-void ModelCheckpoint::missing_monitor(Trainer& trainer, const std::map<std::string, double>& candidates,
+void ModelCheckpoint::missing_monitor(TrainerView& trainer, const std::map<std::string, double>& candidates,
                                       bool epoch_end) {
   const std::string& monitor = options_.monitor();
   const std::string message = "ModelCheckpoint(monitor='" + monitor +
@@ -357,18 +354,17 @@ void ModelCheckpoint::missing_monitor(Trainer& trainer, const std::map<std::stri
                               "', value) in the TrainingModule?";
   // Before the first validation a validation metric cannot exist yet: only warn then. At an
   // epoch end where validation was due and did not run, there is none, so the name is wrong.
-  const int64_t every = std::max<int64_t>(1, trainer.options().check_val_every_n_epoch());
+  const int64_t every = std::max<int64_t>(1, trainer.check_val_every_n_epoch());
   const bool validation_due = epoch_end && (trainer.current_epoch() + 1) % every == 0;
   if (validation_ran_ || validation_due) throw UsageError(message);
   if (!warned_missing_) std::cerr << "Warning: " << message << " Skipping this checkpoint.\n";
   warned_missing_ = true;
 }
 
-void ModelCheckpoint::save_last(Trainer& trainer) {
+void ModelCheckpoint::save_last(TrainerView& trainer) {
   if (!options_.save_last()) return;
   std::string path = format_checkpoint_name(monitor_candidates(trainer), kLastFilename);
-  auto& strategy = trainer.strategy();
-  if (strategy.world_size() > 1) path = strategy.broadcast(c10::IValue(path), 0).toStringRef();
+  if (trainer.world_size() > 1) path = trainer.broadcast(c10::IValue(path), 0).toStringRef();
   const std::string previous = last_model_path_;
   last_model_path_ = path;
   save(trainer, path);
@@ -376,7 +372,7 @@ void ModelCheckpoint::save_last(Trainer& trainer) {
   for (const auto& entry : best_k_models_) {
     if (entry.first == previous) return;
   }
-  trainer.checkpoint_io().remove(previous);
+  trainer.remove_checkpoint(previous);
 }
 
 c10::IValue ModelCheckpoint::state_dict() const {

@@ -7,7 +7,6 @@
 #include <cstdio>
 
 #include <lockstep/callbacks/metric_format.h>
-#include <lockstep/trainer/trainer.h>
 
 namespace lockstep {
 namespace {
@@ -104,21 +103,21 @@ bool ProgressBar::plain_line_due(int64_t done, int64_t total) const {
   return crossed(done) > crossed(done - 1);
 }
 
-void ProgressBar::on_fit_start(Trainer& trainer, TrainingModule& module) { fitting_ = true; }
+void ProgressBar::on_fit_start(TrainerView& trainer, TrainingModule& module) { fitting_ = true; }
 
-void ProgressBar::on_fit_end(Trainer& trainer, TrainingModule& module) {
+void ProgressBar::on_fit_end(TrainerView& trainer, TrainingModule& module) {
   fitting_ = false;
   if (live_ && drawn_width_ > 0 && trainer.is_global_zero()) write("\n");
   drawn_width_ = 0;
 }
 
-void ProgressBar::on_train_epoch_start(Trainer& trainer, TrainingModule& module) {
+void ProgressBar::on_train_epoch_start(TrainerView& trainer, TrainingModule& module) {
   epoch_start_ = Clock::now();
   last_draw_ = Clock::time_point();
   batches_done_ = 0;
 }
 
-void ProgressBar::on_train_batch_end(Trainer& trainer, TrainingModule& module, const torch::Tensor& loss,
+void ProgressBar::on_train_batch_end(TrainerView& trainer, TrainingModule& module, const torch::Tensor& loss,
                                      int64_t batch_idx) {
   batches_done_ = batch_idx + 1;
   if (!trainer.is_global_zero()) return;
@@ -134,17 +133,17 @@ void ProgressBar::on_train_batch_end(Trainer& trainer, TrainingModule& module, c
   }
 }
 
-void ProgressBar::on_validation_start(Trainer& trainer, TrainingModule& module) {
+void ProgressBar::on_validation_start(TrainerView& trainer, TrainingModule& module) {
   validation_start_ = Clock::now();
 }
 
-void ProgressBar::on_validation_batch_end(Trainer& trainer, TrainingModule& module, int64_t batch_idx) {
+void ProgressBar::on_validation_batch_end(TrainerView& trainer, TrainingModule& module, int64_t batch_idx) {
   if (!live_ || trainer.sanity_checking() || !trainer.is_global_zero()) return;
   const int64_t total = trainer.num_val_batches();
   draw(progress("Validation", batch_idx + 1, total, validation_start_, {}), batch_idx + 1 == total, false);
 }
 
-void ProgressBar::on_validation_end(Trainer& trainer, TrainingModule& module) {
+void ProgressBar::on_validation_end(TrainerView& trainer, TrainingModule& module) {
   if (fitting_ || !trainer.is_global_zero()) return;
   // trainer.validate(): one line with the results.
   const int64_t total = trainer.num_val_batches();
@@ -157,7 +156,7 @@ void ProgressBar::on_validation_end(Trainer& trainer, TrainingModule& module) {
   }
 }
 
-void ProgressBar::on_train_epoch_end(Trainer& trainer, TrainingModule& module) {
+void ProgressBar::on_train_epoch_end(TrainerView& trainer, TrainingModule& module) {
   if (!trainer.is_global_zero()) return;
   const std::string label = "Epoch " + std::to_string(trainer.current_epoch());
   if (live_) {

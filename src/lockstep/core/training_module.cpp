@@ -3,12 +3,11 @@
 #include <torch/torch.h>
 
 #include <lockstep/core/usage_error.h>
-#include <lockstep/trainer/trainer.h>
 
 namespace lockstep {
 namespace {
 
-Trainer& require_trainer(Trainer* trainer, const char* what) {
+TrainerView& require_trainer(TrainerView* trainer, const char* what) {
   if (trainer == nullptr) {
     throw UsageError(std::string(what) + " was called outside a Trainer run: call it from a step or hook "
                      "while trainer.fit/validate/test runs.");
@@ -17,6 +16,8 @@ Trainer& require_trainer(Trainer* trainer, const char* what) {
 }
 
 }  // namespace
+
+void TrainerView::attach(TrainingModule& module, TrainerView* trainer) { module.trainer_ = trainer; }
 
 torch::Tensor TrainingModule::predict_step(Batch& batch, int64_t batch_idx) {
   throw UsageError("Trainer::predict needs TrainingModule::predict_step: override it to return the "
@@ -46,10 +47,12 @@ void TrainingModule::manual_backward(const torch::Tensor& loss) {
 
 int64_t TrainingModule::current_epoch() const { return trainer_ ? trainer_->current_epoch() : 0; }
 int64_t TrainingModule::global_step() const { return trainer_ ? trainer_->global_step() : 0; }
-int TrainingModule::global_rank() const { return trainer_ ? trainer_->strategy().global_rank() : 0; }
-int TrainingModule::world_size() const { return trainer_ ? trainer_->strategy().world_size() : 1; }
-torch::Device TrainingModule::device() const {
-  return trainer_ ? trainer_->strategy().root_device() : torch::Device(torch::kCPU);
+int TrainingModule::global_rank() const { return trainer_ ? trainer_->global_rank() : 0; }
+int TrainingModule::world_size() const { return trainer_ ? trainer_->world_size() : 1; }
+torch::Device TrainingModule::device() const { return trainer_ ? trainer_->root_device() : torch::Device(torch::kCPU); }
+
+std::vector<torch::Tensor> TrainingModule::all_gather(const torch::Tensor& tensor) {
+  return trainer_ ? trainer_->all_gather(tensor) : std::vector<torch::Tensor>{tensor};
 }
 
 }  // namespace lockstep

@@ -171,7 +171,7 @@ c10::IValue rng_state() {
 Trainer::Trainer(TrainerOptions options)
     : options_(std::move(options)), checkpoint_io_(std::make_shared<checkpoint::CheckpointIO>()) {}
 Trainer::~Trainer() {
-  if (module_) module_->trainer_ = nullptr;
+  if (module_) attach(*module_, nullptr);
 }
 
 void Trainer::set_checkpoint_io(std::shared_ptr<checkpoint::CheckpointIO> io) {
@@ -190,7 +190,27 @@ strategies::Strategy& Trainer::strategy() {
   return *plan_.strategy;
 }
 
-bool Trainer::is_global_zero() { return !plan_.strategy || plan_.strategy->is_global_zero(); }
+int Trainer::global_rank() { return plan_.strategy ? plan_.strategy->global_rank() : 0; }
+int Trainer::world_size() { return plan_.strategy ? plan_.strategy->world_size() : 1; }
+torch::Device Trainer::root_device() { return plan_.strategy ? plan_.strategy->root_device() : torch::Device(torch::kCPU); }
+
+std::vector<torch::Tensor> Trainer::all_gather(const torch::Tensor& tensor) {
+  return plan_.strategy ? plan_.strategy->all_gather(tensor) : std::vector<torch::Tensor>{tensor};
+}
+
+c10::IValue Trainer::broadcast(const c10::IValue& value, int root) {
+  return plan_.strategy ? plan_.strategy->broadcast(value, root) : value;
+}
+
+bool Trainer::any_rank(bool decision) {
+  return plan_.strategy ? plan_.strategy->reduce_boolean_decision(decision, distributed::Decision::any) : decision;
+}
+
+void Trainer::log_metrics(const std::map<std::string, double>& metrics, int64_t step) {
+  for (const auto& logger : loggers_) logger->log_metrics(metrics, step);
+}
+
+void Trainer::remove_checkpoint(const std::string& path) { checkpoint_io_->remove(path); }
 
 std::string Trainer::log_dir() const { return log_dir_; }
 
@@ -273,7 +293,7 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
   add_default_callbacks();  // here, before fit restores a checkpoint into them
   if (module_ == module) return;
   module_ = module;
-  module_->trainer_ = this;
+  attach(*module_, this);
   plan_.strategy->module_to_device(*module_);
   if (plan_.precision == "64-true") module_->to(torch::kFloat64);
   plan_.strategy->setup_module(module_);

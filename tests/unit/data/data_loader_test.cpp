@@ -1,4 +1,4 @@
-#include <lockstep/core/data_loader.h>
+#include <lockstep/data/data_loader.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -1,4 +1,4 @@
-#include <lockstep/distributed/sampler.h>
+#include <lockstep/data/sampler.h>
 
 #include <torch/torch.h>
 

@@ -1,7 +1,9 @@
 #pragma once
 /// DistributedSampler: each rank's share of the dataset indices for one epoch, exactly as
 /// PyTorch's torch.utils.data.DistributedSampler computes them (same permutation for the same
-/// seed and epoch, same padding), so Lockstep and Python DDP see the same batches.
+/// seed and epoch, same padding), so Lockstep and Python DDP see the same batches. Namespace
+/// `distributed` as PyTorch's torch.utils.data.distributed; it needs no process group, so it
+/// lives with the data.
 
 #include <cstdint>
 #include <vector>

@@ -1,4 +1,4 @@
-#include <lockstep/core/dataset.h>
+#include <lockstep/data/dataset.h>
 
 #include <torch/torch.h>
 

@@ -9,8 +9,8 @@
 
 #include <torch/arg.h>
 
-#include <lockstep/core/dataset.h>
-#include <lockstep/distributed/sampler.h>
+#include <lockstep/data/dataset.h>
+#include <lockstep/data/sampler.h>
 
 namespace lockstep {
 
