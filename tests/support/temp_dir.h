@@ -26,6 +26,7 @@ class TempDir {
   TempDir& operator=(const TempDir&) = delete;
   std::string operator/(const std::string& name) const { return (std::filesystem::path(path_) / name).string(); }
   const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return *this / name; }
 
  private:
   std::string path_;

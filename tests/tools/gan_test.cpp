@@ -10,6 +10,7 @@
 #include <sstream>
 
 #define STB_IMAGE_IMPLEMENTATION
+#define STB_IMAGE_STATIC  // each test file its own copy: they share one test program
 #include <stb/stb_image.h>
 
 #include "../support/command.h"

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #define STB_IMAGE_IMPLEMENTATION
+#define STB_IMAGE_STATIC  // each test file its own copy: they share one test program
 #include <stb/stb_image.h>
 
 #include <lockstep/environments/cluster_environment.h>

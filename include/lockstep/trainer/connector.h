@@ -10,6 +10,7 @@
 #include <lockstep/accelerators/device_parser.h>
 #include <lockstep/environments/cluster_environment.h>
 #include <lockstep/strategies/strategy.h>
+#include <lockstep/trainer/precision.h>
 #include <lockstep/trainer/trainer_options.h>
 
 namespace lockstep {
@@ -21,7 +22,7 @@ struct ExecutionPlan {
   int devices_per_node = 1;            ///< processes on this node
   std::vector<int> gpu_ids;            ///< cuda only
   int num_nodes = 1;
-  std::string precision = "32-true";   ///< normalised: 32-true, 64-true, bf16-mixed, 16-mixed
+  Precision precision;                 ///< chosen once from --precision
   std::string process_group_backend;   ///< gloo, nccl or mpi
   std::shared_ptr<strategies::Strategy> strategy;
 };
@@ -37,8 +38,5 @@ constexpr const char* kSelectedGpusVariable = "LOCKSTEP_SELECTED_GPUS";
 ExecutionPlan resolve_plan(const TrainerOptions& options, const environments::Environ& environ,
                            std::shared_ptr<strategies::Strategy> strategy = nullptr, int cuda_device_count = 0,
                            const accelerators::DeviceProbe& probe = accelerators::probe_cuda_device);
-
-/// "32", "32-true" -> "32-true"; "bf16" -> "bf16-mixed"; ... ; a UsageError for others.
-std::string normalise_precision(const std::string& precision, const std::string& accelerator);
 
 }  // namespace lockstep

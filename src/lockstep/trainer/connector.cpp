@@ -82,28 +82,6 @@ std::shared_ptr<strategies::Strategy> strategy_for(const TrainerOptions& o, int 
 
 }  // namespace
 
-std::string normalise_precision(const std::string& precision, const std::string& accelerator) {
-  static const std::map<std::string, std::string> aliases{
-      {"32", "32-true"},       {"32-true", "32-true"}, {"64", "64-true"},       {"64-true", "64-true"},
-      {"bf16", "bf16-mixed"},  {"bf16-mixed", "bf16-mixed"}, {"16", "16-mixed"}, {"16-mixed", "16-mixed"}};
-  const auto it = aliases.find(precision);
-  if (it == aliases.end()) {
-    throw UsageError("--precision '" + precision + "' is unknown. Use 32-true, 64-true, bf16-mixed or 16-mixed.");
-  }
-  if (it->second == "16-mixed" && accelerator != "cuda") {
-    throw UsageError("--precision " + precision + " needs CUDA (float16 autocast); on CPU use --precision bf16-mixed "
-                     "or 32-true.");
-  }
-  // Refused until CUDA autocast (and loss scaling for float16) exist, rather than training in
-  // float32 under a name that says otherwise.
-  if (accelerator == "cuda" && (it->second == "16-mixed" || it->second == "bf16-mixed")) {
-    throw UsageError("--precision " + precision + " on CUDA is not implemented yet in Lockstep (CUDA autocast" +
-                     std::string(it->second == "16-mixed" ? " with dynamic loss scaling" : "") +
-                     " comes with the LibTorch 2.x CUDA build). Use --precision 32-true on CUDA, or bf16-mixed "
-                     "with --accelerator cpu.");
-  }
-  return it->second;
-}
 
 ExecutionPlan resolve_plan(const TrainerOptions& o, const environments::Environ& environ,
                            std::shared_ptr<strategies::Strategy> strategy, int cuda_count,
@@ -132,7 +110,7 @@ ExecutionPlan resolve_plan(const TrainerOptions& o, const environments::Environ&
                      "start one process per node with `lockstep launch --nnodes " + std::to_string(plan.num_nodes) +
                      " ...`, torchrun, srun or mpirun.");
   }
-  plan.precision = normalise_precision(o.precision(), plan.accelerator);
+  plan.precision = Precision::parse(o.precision(), plan.accelerator);
   plan.process_group_backend =
       o.process_group_backend().empty() ? (plan.accelerator == "cuda" ? "nccl" : "gloo") : o.process_group_backend();
   const auto backends = distributed::available_backends();

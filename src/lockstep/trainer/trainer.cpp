@@ -31,24 +31,12 @@
 #include <lockstep/launchers/launcher.h>
 #include <lockstep/loggers/csv_logger.h>
 
+#include "trainer_internal.h"
+
 namespace lockstep {
 namespace {
 
-// "1.0" (all), "0.25" (a fraction), "10" (a count) of `available` batches.
-int64_t limit_batches(const std::string& limit, int64_t available, const std::string& flag) {
-  const auto parsed = whole_number(limit);
-  const double value = parsed.value_or(-1);
-  if (value < 0) {
-    throw UsageError("--" + flag + " '" + limit + "' is neither a fraction (0.25) nor a batch count (10).");
-  }
-  if (limit.find('.') != std::string::npos || limit.find('e') != std::string::npos) {
-    if (value > 1.0) {
-      throw UsageError("--" + flag + " " + limit + ": a fraction must be at most 1.0; for a count write an integer.");
-    }
-    return static_cast<int64_t>(std::floor(value * static_cast<double>(available)));
-  }
-  return std::min<int64_t>(static_cast<int64_t>(value), available);
-}
+using detail::limit_batches;
 
 std::shared_ptr<DataLoader> stage_loader(std::shared_ptr<DataLoader> loader, const std::string& hook) {
   if (!loader) {
@@ -87,33 +75,6 @@ int64_t resolve_val_check_batch(const std::string& interval, int64_t batches) {
   return static_cast<int64_t>(value);
 }
 
-// Autocast on CPU for bf16-mixed, for the duration of one step.
-class PrecisionScope {
- public:
-  explicit PrecisionScope(const std::string& precision) : active_(precision == "bf16-mixed") {
-    if (!active_) return;
-    previous_dtype_ = at::autocast::get_autocast_cpu_dtype();
-    at::autocast::set_cpu_enabled(true);
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-    at::autocast::increment_nesting();
-  }
-  ~PrecisionScope() {
-    if (!active_) return;
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_cpu_enabled(false);
-    at::autocast::set_autocast_cpu_dtype(previous_dtype_);
-  }
-
- private:
-  bool active_;
-  at::ScalarType previous_dtype_ = at::kBFloat16;
-};
-
-void to_double(Batch& batch) {
-  if (batch.data.defined() && batch.data.is_floating_point()) batch.data = batch.data.to(torch::kFloat64);
-  if (batch.target.defined() && batch.target.is_floating_point()) batch.target = batch.target.to(torch::kFloat64);
-}
-
 template <typename T>
 bool has_callback(const std::vector<std::shared_ptr<Callback>>& callbacks) {
   return std::any_of(callbacks.begin(), callbacks.end(), [](const auto& c) { return dynamic_cast<T*>(c.get()) != nullptr; });
@@ -130,40 +91,6 @@ void warn_if_ranks_outnumber_cores(const ExecutionPlan& plan) {
   std::cerr << "lockstep: warning: --devices " << plan.devices_per_node << " starts " << plan.devices_per_node
             << " processes on " << cores << " CPU core(s): the ranks share cores and every step waits for the "
             << "slowest, so the job runs slower than with --devices " << cores << ".\n";
-}
-
-// `--ckpt-path last`: the newest version_N/checkpoints/last.ckpt in the folder of the runs
-// (as Lightning's "last" finds the latest run's).
-std::string find_last_checkpoint(const std::filesystem::path& runs) {
-  std::string best;
-  int64_t best_version = -1;
-  std::error_code ignored;
-  for (const auto& entry : std::filesystem::directory_iterator(runs, ignored)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("version_", 0) != 0) continue;
-    const auto candidate = entry.path() / "checkpoints" / "last.ckpt";
-    int64_t version = -1;
-    try {
-      version = std::stoll(name.substr(8));
-    } catch (const std::exception&) {
-      continue;
-    }
-    if (version > best_version && std::filesystem::exists(candidate)) {
-      best_version = version;
-      best = candidate.string();
-    }
-  }
-  if (best.empty()) {
-    throw UsageError("--ckpt-path last: no version_N/checkpoints/last.ckpt under " + runs.string() +
-                     "; give the path of a checkpoint, or train once first (ModelCheckpoint writes last.ckpt).");
-  }
-  return best;
-}
-
-c10::IValue rng_state() {
-  auto generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  return generator.get_state();
 }
 
 }  // namespace
@@ -226,18 +153,6 @@ std::map<std::string, double> Trainer::progress_bar_metrics() const {
   return shown;
 }
 
-template <typename Fn>
-void Trainer::each_callback(const char* hook, Fn&& fn) {
-  for (auto& callback : callbacks_) {
-    if (!profiler_) {
-      fn(*callback);
-      continue;
-    }
-    auto timed = profile("[Callback]" + callback->name() + "." + hook);
-    fn(*callback);
-  }
-}
-
 void Trainer::add_default_callbacks() {
   if (options_.enable_progress_bar() && !has_callback<ProgressBar>(callbacks_)) {
     callbacks_.push_back(std::make_shared<ProgressBar>());
@@ -295,7 +210,7 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
   module_ = module;
   attach(*module_, this);
   plan_.strategy->module_to_device(*module_);
-  if (plan_.precision == "64-true") module_->to(torch::kFloat64);
+  plan_.precision.convert_module(*module_);
   plan_.strategy->setup_module(module_);
   optimizer_config_ = module_->configure_optimizers();
   if (optimizer_config_.optimizers.empty() && module_->automatic_optimization()) {
@@ -323,178 +238,6 @@ void Trainer::log(const std::string& name, double value, const LogOptions& optio
 }
 
 void Trainer::manual_backward(const torch::Tensor& loss) { plan_.strategy->manual_backward(loss); }
-
-torch::Tensor Trainer::run_step(const std::function<torch::Tensor()>& step) {
-  PrecisionScope scope(plan_.precision);
-  return step();
-}
-
-void Trainer::emit(const std::map<std::string, double>& metrics, std::optional<int64_t> epoch) {
-  if (metrics.empty() || !plan_.strategy->is_global_zero()) return;
-  std::map<std::string, double> row;
-  for (const auto& [name, value] : metrics) {
-    if (metrics_.to_logger(name)) row[name] = value;
-  }
-  if (row.empty()) return;
-  row["epoch"] = static_cast<double>(epoch.value_or(current_epoch_));
-  for (auto& logger : loggers_) logger->log_metrics(row, global_step_);
-}
-
-void Trainer::emit_step_metrics(bool force, std::optional<int64_t> epoch) {
-  if (!force && global_step_ % options_.log_every_n_steps() != 0) return;
-  auto values = metrics_.take_step_values();
-  for (const auto& [name, value] : values) callback_metrics_[name] = value;
-  emit(values, epoch);
-}
-
-void Trainer::optimizer_step() {
-  if (options_.gradient_clip_val() > 0) {
-    auto params = module_->parameters();
-    if (options_.gradient_clip_algorithm() == "value") {
-      torch::nn::utils::clip_grad_value_(params, options_.gradient_clip_val());
-    } else {
-      torch::nn::utils::clip_grad_norm_(params, options_.gradient_clip_val());
-    }
-  }
-  each_callback("on_before_optimizer_step", [&](Callback& c) { c.on_before_optimizer_step(*this, *module_); });
-  auto timed = profile("optimizer_step");
-  for (auto& optimizer : optimizer_config_.optimizers) {
-    optimizer->step();
-    optimizer->zero_grad();
-  }
-  ++global_step_;
-  for (auto& s : optimizer_config_.schedulers) {
-    if (s.interval == "step") s.scheduler->step();
-  }
-  if (!optimizer_config_.schedulers.empty()) ++scheduler_step_steps_;
-}
-
-std::map<std::string, double> Trainer::run_evaluation(DataLoader& loader, Phase phase, int64_t max_batches) {
-  auto timed = profile(phase == Phase::test ? "test" : "validation");
-  torch::NoGradGuard no_grad;
-  module_->eval();
-  const Phase outer_phase = metrics_.phase();  // train, when validating within a training epoch
-  metrics_.begin_epoch(phase);
-  if (phase == Phase::validation) {
-    module_->on_validation_epoch_start();
-    each_callback("on_validation_start", [&](Callback& c) { c.on_validation_start(*this, *module_); });
-  }
-  const auto device = plan_.strategy->root_device();
-  for (int64_t i = 0; i < max_batches; ++i) {
-    Batch batch = [&] {
-      auto fetch = profile(phase == Phase::test ? "test_dataloader_next" : "val_dataloader_next");
-      return loader.batch(i);
-    }();
-    module_->transfer_batch_to_device(batch, device);
-    if (plan_.precision == "64-true") to_double(batch);
-    metrics_.set_batch_size(batch.size());
-    auto step = profile(phase == Phase::test ? "test_step" : "validation_step");
-    run_step([&] {
-      if (phase == Phase::test) {
-        module_->test_step(batch, i);
-      } else {
-        module_->validation_step(batch, i);
-      }
-      return torch::Tensor();
-    });
-    step.stop();
-    if (phase == Phase::validation) {
-      each_callback("on_validation_batch_end", [&](Callback& c) { c.on_validation_batch_end(*this, *module_, i); });
-    }
-  }
-  if (phase == Phase::validation) module_->on_validation_epoch_end();
-  if (phase == Phase::test) module_->on_test_epoch_end();
-  auto values = metrics_.end_epoch(*plan_.strategy);
-  metrics_.set_phase(outer_phase);
-  module_->train();
-  if (sanity_checking_) return {};
-  for (const auto& [name, value] : values) callback_metrics_[name] = value;
-  emit(values);
-  if (phase == Phase::validation) each_callback("on_validation_end", [&](Callback& c) { c.on_validation_end(*this, *module_); });
-  if (phase == Phase::test) each_callback("on_test_end", [&](Callback& c) { c.on_test_end(*this, *module_); });
-  return values;
-}
-
-void Trainer::run_training_epoch(DataLoader& train, DataLoader* val) {
-  auto timed_epoch = profile("run_training_epoch");
-  train.set_epoch(current_epoch_);
-  module_->train();
-  metrics_.begin_epoch(Phase::train);
-  // Before the hooks, so that callbacks (the progress bar) know the epoch's length.
-  num_training_batches_ = limit_batches(options_.limit_train_batches(), train.num_batches(), "limit-train-batches");
-  module_->on_train_epoch_start();
-  each_callback("on_train_epoch_start", [&](Callback& c) { c.on_train_epoch_start(*this, *module_); });
-  const int64_t accumulate = options_.accumulate_grad_batches();
-  const bool automatic = module_->automatic_optimization();
-  const auto device = plan_.strategy->root_device();
-  const bool validate_this_epoch = val != nullptr && (current_epoch_ + 1) % options_.check_val_every_n_epoch() == 0;
-  int64_t batches_run = 0;
-  int64_t validated_after = -1;  // batches run when validation last ran in this epoch
-  for (int64_t i = 0; i < num_training_batches_; ++i) {
-    if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps()) break;
-    Batch batch = [&] {
-      auto fetch = profile("train_dataloader_next");
-      return train.batch(i);
-    }();
-    auto transfer = profile("transfer_batch_to_device");
-    module_->transfer_batch_to_device(batch, device);
-    transfer.stop();
-    if (plan_.precision == "64-true") to_double(batch);
-    metrics_.set_batch_size(batch.size());
-    const bool step_now = (i + 1) % accumulate == 0 || i + 1 == num_training_batches_;
-    if (automatic) plan_.strategy->set_gradient_sync(step_now);
-    torch::Tensor loss = run_step([&] {
-      auto timed = profile("training_step");
-      return plan_.strategy->training_step(*module_, batch, i);
-    });
-    if (automatic && loss.defined()) {
-      auto backward = profile("backward");
-      plan_.strategy->backward(accumulate > 1 ? loss / static_cast<double>(accumulate) : loss);
-      backward.stop();
-      if (step_now) optimizer_step();
-    } else if (!automatic) {
-      ++global_step_;
-    }
-    module_->on_train_batch_end(loss, batch, i);
-    each_callback("on_train_batch_end", [&](Callback& c) { c.on_train_batch_end(*this, *module_, loss, i); });
-    emit_step_metrics(false);
-    batches_run = i + 1;
-    // Within the epoch only; validation after the last batch runs below, after the epoch metrics.
-    if (validate_this_epoch && batches_run % val_check_batch_ == 0 && batches_run < num_training_batches_) {
-      run_validation(*val);
-      validated_after = batches_run;
-      // EarlyStopping may ask to stop here; every rank must leave the epoch at the same batch.
-      should_stop_ = plan_.strategy->reduce_boolean_decision(should_stop_, distributed::Decision::any);
-      if (should_stop_) break;
-    }
-  }
-  plan_.strategy->set_gradient_sync(true);
-  module_->on_train_epoch_end();
-  auto values = metrics_.end_epoch(*plan_.strategy);
-  for (const auto& [name, value] : values) callback_metrics_[name] = value;
-  emit(values);
-  // A full epoch validates at its end when its last batch is a check batch (so "0.3" of 10
-  // batches validates after 3, 6 and 9, as Lightning's); an epoch cut short by max_steps or a
-  // stop validates once more unless it just did.
-  const bool full_epoch = batches_run == num_training_batches_;
-  if (validate_this_epoch &&
-      (full_epoch ? num_training_batches_ % val_check_batch_ == 0 : validated_after != batches_run)) {
-    run_validation(*val);
-  }
-  for (auto& s : optimizer_config_.schedulers) {
-    if (s.interval == "epoch") s.scheduler->step();
-  }
-  if (!optimizer_config_.schedulers.empty()) ++scheduler_epoch_steps_;
-  epoch_completed_ = true;  // checkpoints written from here on resume at the next epoch
-  each_callback("on_train_epoch_end", [&](Callback& c) { c.on_train_epoch_end(*this, *module_); });
-  // A stop requested on one rank (EarlyStopping agrees first, but a user hook may not) must stop all.
-  should_stop_ = plan_.strategy->reduce_boolean_decision(should_stop_, distributed::Decision::any);
-}
-
-void Trainer::run_validation(DataLoader& val) {
-  num_val_batches_ = limit_batches(options_.limit_val_batches(), val.num_batches(), "limit-val-batches");
-  run_evaluation(val, Phase::validation, num_val_batches_);
-}
 
 void Trainer::fit(const std::shared_ptr<TrainingModule>& module, DataModule& data) {
   fit(module, data.train_dataloader(), data.val_dataloader());
@@ -604,160 +347,11 @@ std::vector<torch::Tensor> Trainer::predict(const std::shared_ptr<TrainingModule
   for (int64_t i = 0; i < loader->num_batches(); ++i) {
     Batch batch = loader->batch(i);
     module_->transfer_batch_to_device(batch, device);
-    if (plan_.precision == "64-true") to_double(batch);
+    plan_.precision.convert_batch(batch);
     outputs.push_back(run_step([&] { return module_->predict_step(batch, i); }));
   }
   module_->train();
   return outputs;
-}
-
-c10::impl::GenericDict Trainer::checkpoint_state() const {
-  auto ckpt = checkpoint::make_checkpoint();
-  ckpt.insert("state_dict", checkpoint::state_dict(*module_));
-  c10::impl::GenericList optimizers(c10::AnyType::get());
-  for (const auto& o : optimizer_config_.optimizers) optimizers.push_back(checkpoint::optimizer_state_dict(*o));
-  ckpt.insert("optimizer_states", optimizers);
-  c10::impl::GenericDict schedulers(c10::StringType::get(), c10::AnyType::get());
-  schedulers.insert("epoch_steps", scheduler_epoch_steps_);
-  schedulers.insert("step_steps", scheduler_step_steps_);
-  ckpt.insert("lr_schedulers", schedulers);
-  ckpt.insert("epoch", current_epoch_);
-  ckpt.insert("global_step", global_step_);
-  c10::impl::GenericDict loops(c10::StringType::get(), c10::AnyType::get());
-  loops.insert("next_epoch", epoch_completed_ ? current_epoch_ + 1 : current_epoch_);
-  ckpt.insert("loops", loops);
-  c10::impl::GenericDict callbacks(c10::StringType::get(), c10::AnyType::get());
-  for (const auto& c : callbacks_) callbacks.insert(c->name(), c->state_dict());
-  ckpt.insert("callbacks", callbacks);
-  ckpt.insert("rng_state", rng_state());
-  c10::impl::GenericDict hparams(c10::StringType::get(), c10::AnyType::get());
-  for (const auto& [k, v] : module_->hparams()) hparams.insert(k, v);
-  ckpt.insert("hyper_parameters", hparams);
-  ckpt.insert("lockstep_version", std::string("0.1.0"));
-  // Where it came from: a run resumed from it links back, so its curves can be drawn as one.
-  ckpt.insert("log_dir", std::filesystem::absolute(log_dir_).string());
-  return ckpt;
-}
-
-void Trainer::save_checkpoint(const std::string& path) {
-  auto timed = profile("save_checkpoint");
-  if (plan_.strategy->is_global_zero()) checkpoint_io_->save(checkpoint_state(), path);
-  plan_.strategy->barrier("save_checkpoint");
-}
-
-std::string Trainer::why_nothing_trained(int64_t epoch, int64_t max_epochs) const {
-  const std::string from = options_.ckpt_path().empty()
-                               ? ""
-                               : "the checkpoint (--ckpt-path " + options_.ckpt_path() + ") ends at epoch " +
-                                     std::to_string(epoch) + ", step " + std::to_string(global_step_) + ", which ";
-  if (epoch >= max_epochs) {
-    return (from.empty() ? std::string("") : from + "already reaches ") + "--max-epochs " +
-           std::to_string(options_.max_epochs()) + ". Raise --max-epochs to train.";
-  }
-  if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps()) {
-    return (from.empty() ? std::string("") : from + "already reaches ") + "--max-steps " +
-           std::to_string(options_.max_steps()) + ". Raise --max-steps to train.";
-  }
-  return "the loader gave no training batch (--limit-train-batches " + options_.limit_train_batches() +
-         ", " + std::to_string(num_training_batches_) + " batch(es)). Check the dataset and the limit.";
-}
-
-void Trainer::record_resume(const std::string& path, const std::string& origin) const {
-  if (!plan_.strategy->is_global_zero()) return;
-  const auto here = std::filesystem::absolute(log_dir_);
-  std::cerr << "lockstep: resuming from " << path << " (epoch " << current_epoch_ << ", step " << global_step_
-            << "); this run writes its logs and checkpoints to " << here.string();
-  if (!origin.empty() && std::filesystem::path(origin) != here) {
-    // `lockstep plot` follows this link to draw the runs as one.
-    std::error_code ignored;
-    std::filesystem::create_directories(here, ignored);
-    std::ofstream(here / "resumed_from") << origin << "\n";
-    std::cerr << " (the run it resumes wrote to " << origin << "; `lockstep plot " << here.string()
-              << "` draws both)";
-  }
-  std::cerr << ".\n";
-}
-
-void Trainer::check_resume_source() {
-  // Before a run folder is made or a rank launched, so that a bad path is one message, once.
-  const std::string& path = options_.ckpt_path();
-  if (path.empty()) return;
-  if (path != "last") {
-    early_checkpoint_ = checkpoint_io_->load(path);  // restore() uses it: one read
-    return;
-  }
-  // A user's logger may keep its runs elsewhere: restore() looks beside its run folder then.
-  if (loggers_set_by_user_) return;
-  find_last_checkpoint(std::filesystem::path(options_.default_root_dir()) / loggers::LoggerOptions("").name());
-}
-
-void Trainer::restore(const std::string& ckpt_path) {
-  std::string path = ckpt_path;
-  // This run has a new version folder: the newest last.ckpt beside it.
-  if (path == "last") path = find_last_checkpoint(std::filesystem::path(log_dir_).parent_path());
-  auto ckpt = early_checkpoint_ && path == options_.ckpt_path() ? *early_checkpoint_ : checkpoint_io_->load(path);
-  early_checkpoint_.reset();
-  checkpoint::require_keys(ckpt, {"state_dict", "optimizer_states", "epoch", "global_step", "loops"}, path);
-  // A checkpoint of something else may have the keys but not their contents: LibTorch's type
-  // errors become one message naming the key and what it should hold.
-  const auto reading = [&](const char* key, const char* expected, const std::function<void()>& read) {
-    try {
-      read();
-    } catch (const UsageError& e) {
-      throw UsageError("checkpoint '" + path + "': " + e.what());
-    } catch (const c10::Error& e) {
-      const std::string why = e.what_without_backtrace();
-      throw UsageError("checkpoint '" + path + "': \"" + key + "\" should hold " + expected + " (" +
-                       why.substr(0, why.find('\n')) + "). It is not a checkpoint of this Trainer; pass one it " +
-                       "wrote (--ckpt-path PATH, or --ckpt-path last).");
-    }
-  };
-  reading("state_dict", "a dict of parameter and buffer names to tensors",
-          [&] { checkpoint::load_state_dict(*module_, ckpt.at("state_dict").toGenericDict()); });
-  c10::impl::GenericList optimizers(c10::AnyType::get());
-  reading("optimizer_states", "a list of optimizer state dicts", [&] { optimizers = ckpt.at("optimizer_states").toList(); });
-  if (optimizers.size() != optimizer_config_.optimizers.size()) {
-    throw UsageError("--ckpt-path " + path + " holds " + std::to_string(optimizers.size()) +
-                     " optimizer state(s) but configure_optimizers returned " +
-                     std::to_string(optimizer_config_.optimizers.size()) + "; resume with the same model code.");
-  }
-  // Schedulers first: replaying their steps moves the learning rates, which the optimizer
-  // states then set to the saved values exactly.
-  if (ckpt.contains("lr_schedulers")) {
-    reading("lr_schedulers", "a dict with integers epoch_steps and step_steps", [&] {
-      const auto s = ckpt.at("lr_schedulers").toGenericDict();
-      scheduler_epoch_steps_ = s.at("epoch_steps").toInt();
-      scheduler_step_steps_ = s.at("step_steps").toInt();
-    });
-    for (auto& config : optimizer_config_.schedulers) {
-      const int64_t n = config.interval == "step" ? scheduler_step_steps_ : scheduler_epoch_steps_;
-      for (int64_t i = 0; i < n; ++i) config.scheduler->step();
-    }
-  }
-  reading("optimizer_states", "a list of optimizer state dicts", [&] {
-    for (size_t i = 0; i < optimizers.size(); ++i) {
-      checkpoint::load_optimizer_state_dict(*optimizer_config_.optimizers[i], optimizers.get(i).toGenericDict());
-    }
-  });
-  reading("loops", "a dict with the integer next_epoch",
-          [&] { current_epoch_ = ckpt.at("loops").toGenericDict().at("next_epoch").toInt(); });
-  reading("global_step", "an integer", [&] { global_step_ = ckpt.at("global_step").toInt(); });
-  record_resume(path, ckpt.contains("log_dir") && ckpt.at("log_dir").isString() ? ckpt.at("log_dir").toStringRef() : "");
-  if (ckpt.contains("callbacks")) {
-    reading("callbacks", "a dict of callback names to their states", [&] {
-      const auto states = ckpt.at("callbacks").toGenericDict();
-      for (auto& c : callbacks_) {
-        if (states.contains(c->name())) c->load_state_dict(states.at(c->name()));
-      }
-    });
-  }
-  if (ckpt.contains("rng_state")) {
-    reading("rng_state", "the CPU generator's state (a byte tensor)", [&] {
-      auto generator = at::detail::getDefaultCPUGenerator();
-      std::lock_guard<std::mutex> lock(generator.mutex());
-      generator.set_state(ckpt.at("rng_state").toTensor());
-    });
-  }
 }
 
 void Trainer::print_fit_end(double seconds) {

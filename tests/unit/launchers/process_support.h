@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include "../../support/temp_dir.h"
+
 extern char** environ;
 
 namespace lockstep {
@@ -38,24 +40,6 @@ inline std::string program(const std::string& name) {
 /// Makes the test process adopt orphaned descendants (PR_SET_CHILD_SUBREAPER), so a worker that
 /// outlived its launcher can be reaped here and `kill(pid, 0)` tells "gone" from "zombie".
 inline void become_subreaper() { ::prctl(PR_SET_CHILD_SUBREAPER, 1); }
-
-/// A fresh empty folder, removed with everything in it at destruction.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = std::filesystem::temp_directory_path().string() + "/launch_test_XXXXXX";
-    path_ = ::mkdtemp(pattern.data());
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 /// A started process; its stderr goes to a file (`stderr_text()`).
 struct Process {

@@ -105,8 +105,10 @@ TEST(ConnectorPrecision, MixedPrecisionOnCudaIsRefusedUntilItExists) {
     EXPECT_NE(message.find("on CUDA is not implemented yet"), std::string::npos) << precision << ": " << message;
     EXPECT_NE(message.find("Use --precision 32-true on CUDA"), std::string::npos) << message;
   }
-  EXPECT_EQ(normalise_precision("bf16-mixed", "cpu"), "bf16-mixed");
-  EXPECT_EQ(normalise_precision("32", "cuda"), "32-true");
+  EXPECT_EQ(Precision::parse("bf16-mixed", "cpu").name(), "bf16-mixed");
+  EXPECT_EQ(Precision::parse("bf16", "cpu").kind(), Precision::Kind::bf16_mixed);
+  EXPECT_EQ(Precision::parse("32", "cuda").name(), "32-true");
+  EXPECT_EQ(Precision::parse("64", "cpu").kind(), Precision::Kind::true_64);
 }
 
 // The default backend on CUDA (nccl) is not in this build: the message lists what is.

@@ -1,0 +1,207 @@
+// The Trainer's checkpoints: the state it saves, save_checkpoint, and resuming from --ckpt-path
+// (checked before anything is created, "last" found, the origin recorded, the state restored).
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+
+#include <torch/torch.h>
+
+#include <lockstep/checkpoint/checkpoint_io.h>
+#include <lockstep/checkpoint/optimizer_state.h>
+#include <lockstep/checkpoint/state_dict.h>
+#include <lockstep/core/usage_error.h>
+#include <lockstep/loggers/logger_options.h>
+#include <lockstep/trainer/trainer.h>
+
+#include "trainer_internal.h"
+
+namespace lockstep {
+namespace {
+
+// `--ckpt-path last`: the newest version_N/checkpoints/last.ckpt in the folder of the runs
+// (as Lightning's "last" finds the latest run's).
+std::string find_last_checkpoint(const std::filesystem::path& runs) {
+  std::string best;
+  int64_t best_version = -1;
+  std::error_code ignored;
+  for (const auto& entry : std::filesystem::directory_iterator(runs, ignored)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("version_", 0) != 0) continue;
+    const auto candidate = entry.path() / "checkpoints" / "last.ckpt";
+    int64_t version = -1;
+    try {
+      version = std::stoll(name.substr(8));
+    } catch (const std::exception&) {
+      continue;
+    }
+    if (version > best_version && std::filesystem::exists(candidate)) {
+      best_version = version;
+      best = candidate.string();
+    }
+  }
+  if (best.empty()) {
+    throw UsageError("--ckpt-path last: no version_N/checkpoints/last.ckpt under " + runs.string() +
+                     "; give the path of a checkpoint, or train once first (ModelCheckpoint writes last.ckpt).");
+  }
+  return best;
+}
+
+c10::IValue rng_state() {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+}  // namespace
+
+c10::impl::GenericDict Trainer::checkpoint_state() const {
+  auto ckpt = checkpoint::make_checkpoint();
+  ckpt.insert("state_dict", checkpoint::state_dict(*module_));
+  c10::impl::GenericList optimizers(c10::AnyType::get());
+  for (const auto& o : optimizer_config_.optimizers) optimizers.push_back(checkpoint::optimizer_state_dict(*o));
+  ckpt.insert("optimizer_states", optimizers);
+  c10::impl::GenericDict schedulers(c10::StringType::get(), c10::AnyType::get());
+  schedulers.insert("epoch_steps", scheduler_epoch_steps_);
+  schedulers.insert("step_steps", scheduler_step_steps_);
+  ckpt.insert("lr_schedulers", schedulers);
+  ckpt.insert("epoch", current_epoch_);
+  ckpt.insert("global_step", global_step_);
+  c10::impl::GenericDict loops(c10::StringType::get(), c10::AnyType::get());
+  loops.insert("next_epoch", epoch_completed_ ? current_epoch_ + 1 : current_epoch_);
+  ckpt.insert("loops", loops);
+  c10::impl::GenericDict callbacks(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& c : callbacks_) callbacks.insert(c->name(), c->state_dict());
+  ckpt.insert("callbacks", callbacks);
+  ckpt.insert("rng_state", rng_state());
+  c10::impl::GenericDict hparams(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& [k, v] : module_->hparams()) hparams.insert(k, v);
+  ckpt.insert("hyper_parameters", hparams);
+  ckpt.insert("lockstep_version", std::string("0.1.0"));
+  // Where it came from: a run resumed from it links back, so its curves can be drawn as one.
+  ckpt.insert("log_dir", std::filesystem::absolute(log_dir_).string());
+  return ckpt;
+}
+
+void Trainer::save_checkpoint(const std::string& path) {
+  auto timed = profile("save_checkpoint");
+  if (plan_.strategy->is_global_zero()) checkpoint_io_->save(checkpoint_state(), path);
+  plan_.strategy->barrier("save_checkpoint");
+}
+
+std::string Trainer::why_nothing_trained(int64_t epoch, int64_t max_epochs) const {
+  const std::string from = options_.ckpt_path().empty()
+                               ? ""
+                               : "the checkpoint (--ckpt-path " + options_.ckpt_path() + ") ends at epoch " +
+                                     std::to_string(epoch) + ", step " + std::to_string(global_step_) + ", which ";
+  if (epoch >= max_epochs) {
+    return (from.empty() ? std::string("") : from + "already reaches ") + "--max-epochs " +
+           std::to_string(options_.max_epochs()) + ". Raise --max-epochs to train.";
+  }
+  if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps()) {
+    return (from.empty() ? std::string("") : from + "already reaches ") + "--max-steps " +
+           std::to_string(options_.max_steps()) + ". Raise --max-steps to train.";
+  }
+  return "the loader gave no training batch (--limit-train-batches " + options_.limit_train_batches() +
+         ", " + std::to_string(num_training_batches_) + " batch(es)). Check the dataset and the limit.";
+}
+
+void Trainer::record_resume(const std::string& path, const std::string& origin) const {
+  if (!plan_.strategy->is_global_zero()) return;
+  const auto here = std::filesystem::absolute(log_dir_);
+  std::cerr << "lockstep: resuming from " << path << " (epoch " << current_epoch_ << ", step " << global_step_
+            << "); this run writes its logs and checkpoints to " << here.string();
+  if (!origin.empty() && std::filesystem::path(origin) != here) {
+    // `lockstep plot` follows this link to draw the runs as one.
+    std::error_code ignored;
+    std::filesystem::create_directories(here, ignored);
+    std::ofstream(here / "resumed_from") << origin << "\n";
+    std::cerr << " (the run it resumes wrote to " << origin << "; `lockstep plot " << here.string()
+              << "` draws both)";
+  }
+  std::cerr << ".\n";
+}
+
+void Trainer::check_resume_source() {
+  // Before a run folder is made or a rank launched, so that a bad path is one message, once.
+  const std::string& path = options_.ckpt_path();
+  if (path.empty()) return;
+  if (path != "last") {
+    early_checkpoint_ = checkpoint_io_->load(path);  // restore() uses it: one read
+    return;
+  }
+  // A user's logger may keep its runs elsewhere: restore() looks beside its run folder then.
+  if (loggers_set_by_user_) return;
+  find_last_checkpoint(std::filesystem::path(options_.default_root_dir()) / loggers::LoggerOptions("").name());
+}
+
+void Trainer::restore(const std::string& ckpt_path) {
+  std::string path = ckpt_path;
+  // This run has a new version folder: the newest last.ckpt beside it.
+  if (path == "last") path = find_last_checkpoint(std::filesystem::path(log_dir_).parent_path());
+  auto ckpt = early_checkpoint_ && path == options_.ckpt_path() ? *early_checkpoint_ : checkpoint_io_->load(path);
+  early_checkpoint_.reset();
+  checkpoint::require_keys(ckpt, {"state_dict", "optimizer_states", "epoch", "global_step", "loops"}, path);
+  // A checkpoint of something else may have the keys but not their contents: LibTorch's type
+  // errors become one message naming the key and what it should hold.
+  const auto reading = [&](const char* key, const char* expected, const std::function<void()>& read) {
+    try {
+      read();
+    } catch (const UsageError& e) {
+      throw UsageError("checkpoint '" + path + "': " + e.what());
+    } catch (const c10::Error& e) {
+      const std::string why = e.what_without_backtrace();
+      throw UsageError("checkpoint '" + path + "': \"" + key + "\" should hold " + expected + " (" +
+                       why.substr(0, why.find('\n')) + "). It is not a checkpoint of this Trainer; pass one it " +
+                       "wrote (--ckpt-path PATH, or --ckpt-path last).");
+    }
+  };
+  reading("state_dict", "a dict of parameter and buffer names to tensors",
+          [&] { checkpoint::load_state_dict(*module_, ckpt.at("state_dict").toGenericDict()); });
+  c10::impl::GenericList optimizers(c10::AnyType::get());
+  reading("optimizer_states", "a list of optimizer state dicts", [&] { optimizers = ckpt.at("optimizer_states").toList(); });
+  if (optimizers.size() != optimizer_config_.optimizers.size()) {
+    throw UsageError("--ckpt-path " + path + " holds " + std::to_string(optimizers.size()) +
+                     " optimizer state(s) but configure_optimizers returned " +
+                     std::to_string(optimizer_config_.optimizers.size()) + "; resume with the same model code.");
+  }
+  // Schedulers first: replaying their steps moves the learning rates, which the optimizer
+  // states then set to the saved values exactly.
+  if (ckpt.contains("lr_schedulers")) {
+    reading("lr_schedulers", "a dict with integers epoch_steps and step_steps", [&] {
+      const auto s = ckpt.at("lr_schedulers").toGenericDict();
+      scheduler_epoch_steps_ = s.at("epoch_steps").toInt();
+      scheduler_step_steps_ = s.at("step_steps").toInt();
+    });
+    for (auto& config : optimizer_config_.schedulers) {
+      const int64_t n = config.interval == "step" ? scheduler_step_steps_ : scheduler_epoch_steps_;
+      for (int64_t i = 0; i < n; ++i) config.scheduler->step();
+    }
+  }
+  reading("optimizer_states", "a list of optimizer state dicts", [&] {
+    for (size_t i = 0; i < optimizers.size(); ++i) {
+      checkpoint::load_optimizer_state_dict(*optimizer_config_.optimizers[i], optimizers.get(i).toGenericDict());
+    }
+  });
+  reading("loops", "a dict with the integer next_epoch",
+          [&] { current_epoch_ = ckpt.at("loops").toGenericDict().at("next_epoch").toInt(); });
+  reading("global_step", "an integer", [&] { global_step_ = ckpt.at("global_step").toInt(); });
+  record_resume(path, ckpt.contains("log_dir") && ckpt.at("log_dir").isString() ? ckpt.at("log_dir").toStringRef() : "");
+  if (ckpt.contains("callbacks")) {
+    reading("callbacks", "a dict of callback names to their states", [&] {
+      const auto states = ckpt.at("callbacks").toGenericDict();
+      for (auto& c : callbacks_) {
+        if (states.contains(c->name())) c->load_state_dict(states.at(c->name()));
+      }
+    });
+  }
+  if (ckpt.contains("rng_state")) {
+    reading("rng_state", "the CPU generator's state (a byte tensor)", [&] {
+      auto generator = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(ckpt.at("rng_state").toTensor());
+    });
+  }
+}
+
+}  // namespace lockstep

@@ -1,0 +1,190 @@
+// The Trainer's loops: one training epoch, an evaluation pass (validation, test), a step under
+// the run's precision, the optimizer step, and the metrics each emits.
+#include <chrono>
+#include <optional>
+
+#include <torch/torch.h>
+
+#include <lockstep/distributed/rank_zero.h>
+#include <lockstep/loggers/logger.h>
+#include <lockstep/trainer/trainer.h>
+
+#include "trainer_internal.h"
+
+namespace lockstep {
+
+using detail::limit_batches;
+
+torch::Tensor Trainer::run_step(const std::function<torch::Tensor()>& step) {
+  Precision::StepScope scope(plan_.precision);
+  return step();
+}
+
+void Trainer::emit(const std::map<std::string, double>& metrics, std::optional<int64_t> epoch) {
+  if (metrics.empty() || !plan_.strategy->is_global_zero()) return;
+  std::map<std::string, double> row;
+  for (const auto& [name, value] : metrics) {
+    if (metrics_.to_logger(name)) row[name] = value;
+  }
+  if (row.empty()) return;
+  row["epoch"] = static_cast<double>(epoch.value_or(current_epoch_));
+  for (auto& logger : loggers_) logger->log_metrics(row, global_step_);
+}
+
+void Trainer::emit_step_metrics(bool force, std::optional<int64_t> epoch) {
+  if (!force && global_step_ % options_.log_every_n_steps() != 0) return;
+  auto values = metrics_.take_step_values();
+  for (const auto& [name, value] : values) callback_metrics_[name] = value;
+  emit(values, epoch);
+}
+
+void Trainer::optimizer_step() {
+  if (options_.gradient_clip_val() > 0) {
+    auto params = module_->parameters();
+    if (options_.gradient_clip_algorithm() == "value") {
+      torch::nn::utils::clip_grad_value_(params, options_.gradient_clip_val());
+    } else {
+      torch::nn::utils::clip_grad_norm_(params, options_.gradient_clip_val());
+    }
+  }
+  each_callback("on_before_optimizer_step", [&](Callback& c) { c.on_before_optimizer_step(*this, *module_); });
+  auto timed = profile("optimizer_step");
+  for (auto& optimizer : optimizer_config_.optimizers) {
+    optimizer->step();
+    optimizer->zero_grad();
+  }
+  ++global_step_;
+  for (auto& s : optimizer_config_.schedulers) {
+    if (s.interval == "step") s.scheduler->step();
+  }
+  if (!optimizer_config_.schedulers.empty()) ++scheduler_step_steps_;
+}
+
+std::map<std::string, double> Trainer::run_evaluation(DataLoader& loader, Phase phase, int64_t max_batches) {
+  auto timed = profile(phase == Phase::test ? "test" : "validation");
+  torch::NoGradGuard no_grad;
+  module_->eval();
+  const Phase outer_phase = metrics_.phase();  // train, when validating within a training epoch
+  metrics_.begin_epoch(phase);
+  if (phase == Phase::validation) {
+    module_->on_validation_epoch_start();
+    each_callback("on_validation_start", [&](Callback& c) { c.on_validation_start(*this, *module_); });
+  }
+  const auto device = plan_.strategy->root_device();
+  for (int64_t i = 0; i < max_batches; ++i) {
+    Batch batch = [&] {
+      auto fetch = profile(phase == Phase::test ? "test_dataloader_next" : "val_dataloader_next");
+      return loader.batch(i);
+    }();
+    module_->transfer_batch_to_device(batch, device);
+    plan_.precision.convert_batch(batch);
+    metrics_.set_batch_size(batch.size());
+    auto step = profile(phase == Phase::test ? "test_step" : "validation_step");
+    run_step([&] {
+      if (phase == Phase::test) {
+        module_->test_step(batch, i);
+      } else {
+        module_->validation_step(batch, i);
+      }
+      return torch::Tensor();
+    });
+    step.stop();
+    if (phase == Phase::validation) {
+      each_callback("on_validation_batch_end", [&](Callback& c) { c.on_validation_batch_end(*this, *module_, i); });
+    }
+  }
+  if (phase == Phase::validation) module_->on_validation_epoch_end();
+  if (phase == Phase::test) module_->on_test_epoch_end();
+  auto values = metrics_.end_epoch(*plan_.strategy);
+  metrics_.set_phase(outer_phase);
+  module_->train();
+  if (sanity_checking_) return {};
+  for (const auto& [name, value] : values) callback_metrics_[name] = value;
+  emit(values);
+  if (phase == Phase::validation) each_callback("on_validation_end", [&](Callback& c) { c.on_validation_end(*this, *module_); });
+  if (phase == Phase::test) each_callback("on_test_end", [&](Callback& c) { c.on_test_end(*this, *module_); });
+  return values;
+}
+
+void Trainer::run_training_epoch(DataLoader& train, DataLoader* val) {
+  auto timed_epoch = profile("run_training_epoch");
+  train.set_epoch(current_epoch_);
+  module_->train();
+  metrics_.begin_epoch(Phase::train);
+  // Before the hooks, so that callbacks (the progress bar) know the epoch's length.
+  num_training_batches_ = limit_batches(options_.limit_train_batches(), train.num_batches(), "limit-train-batches");
+  module_->on_train_epoch_start();
+  each_callback("on_train_epoch_start", [&](Callback& c) { c.on_train_epoch_start(*this, *module_); });
+  const int64_t accumulate = options_.accumulate_grad_batches();
+  const bool automatic = module_->automatic_optimization();
+  const auto device = plan_.strategy->root_device();
+  const bool validate_this_epoch = val != nullptr && (current_epoch_ + 1) % options_.check_val_every_n_epoch() == 0;
+  int64_t batches_run = 0;
+  int64_t validated_after = -1;  // batches run when validation last ran in this epoch
+  for (int64_t i = 0; i < num_training_batches_; ++i) {
+    if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps()) break;
+    Batch batch = [&] {
+      auto fetch = profile("train_dataloader_next");
+      return train.batch(i);
+    }();
+    auto transfer = profile("transfer_batch_to_device");
+    module_->transfer_batch_to_device(batch, device);
+    transfer.stop();
+    plan_.precision.convert_batch(batch);
+    metrics_.set_batch_size(batch.size());
+    const bool step_now = (i + 1) % accumulate == 0 || i + 1 == num_training_batches_;
+    if (automatic) plan_.strategy->set_gradient_sync(step_now);
+    torch::Tensor loss = run_step([&] {
+      auto timed = profile("training_step");
+      return plan_.strategy->training_step(*module_, batch, i);
+    });
+    if (automatic && loss.defined()) {
+      auto backward = profile("backward");
+      plan_.strategy->backward(accumulate > 1 ? loss / static_cast<double>(accumulate) : loss);
+      backward.stop();
+      if (step_now) optimizer_step();
+    } else if (!automatic) {
+      ++global_step_;
+    }
+    module_->on_train_batch_end(loss, batch, i);
+    each_callback("on_train_batch_end", [&](Callback& c) { c.on_train_batch_end(*this, *module_, loss, i); });
+    emit_step_metrics(false);
+    batches_run = i + 1;
+    // Within the epoch only; validation after the last batch runs below, after the epoch metrics.
+    if (validate_this_epoch && batches_run % val_check_batch_ == 0 && batches_run < num_training_batches_) {
+      run_validation(*val);
+      validated_after = batches_run;
+      // EarlyStopping may ask to stop here; every rank must leave the epoch at the same batch.
+      should_stop_ = plan_.strategy->reduce_boolean_decision(should_stop_, distributed::Decision::any);
+      if (should_stop_) break;
+    }
+  }
+  plan_.strategy->set_gradient_sync(true);
+  module_->on_train_epoch_end();
+  auto values = metrics_.end_epoch(*plan_.strategy);
+  for (const auto& [name, value] : values) callback_metrics_[name] = value;
+  emit(values);
+  // A full epoch validates at its end when its last batch is a check batch (so "0.3" of 10
+  // batches validates after 3, 6 and 9, as Lightning's); an epoch cut short by max_steps or a
+  // stop validates once more unless it just did.
+  const bool full_epoch = batches_run == num_training_batches_;
+  if (validate_this_epoch &&
+      (full_epoch ? num_training_batches_ % val_check_batch_ == 0 : validated_after != batches_run)) {
+    run_validation(*val);
+  }
+  for (auto& s : optimizer_config_.schedulers) {
+    if (s.interval == "epoch") s.scheduler->step();
+  }
+  if (!optimizer_config_.schedulers.empty()) ++scheduler_epoch_steps_;
+  epoch_completed_ = true;  // checkpoints written from here on resume at the next epoch
+  each_callback("on_train_epoch_end", [&](Callback& c) { c.on_train_epoch_end(*this, *module_); });
+  // A stop requested on one rank (EarlyStopping agrees first, but a user hook may not) must stop all.
+  should_stop_ = plan_.strategy->reduce_boolean_decision(should_stop_, distributed::Decision::any);
+}
+
+void Trainer::run_validation(DataLoader& val) {
+  num_val_batches_ = limit_batches(options_.limit_val_batches(), val.num_batches(), "limit-val-batches");
+  run_evaluation(val, Phase::validation, num_val_batches_);
+}
+
+}  // namespace lockstep
