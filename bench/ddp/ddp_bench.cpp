@@ -133,8 +133,8 @@ int run(int argc, char** argv) {
   rss[group->rank()] = static_cast<double>(usage.ru_maxrss) / 1024.0;
   rss = distributed::all_reduce(*group, rss, distributed::ReduceOp::sum);
   const std::string transport = group->world_size() == 1             ? "none (one rank)"
-                                : ddp.reducer().uses_shared_memory() ? "shared memory"
-                                                                     : "gloo: " + ddp.reducer().why_not_shared_memory();
+                                : ddp.why_not_shared_memory().empty() ? "shared memory"
+                                                                     : "gloo: " + ddp.why_not_shared_memory();
   if (group->rank() == 0) {
     std::cout << nlohmann::json{{"impl", "lockstep"},
                                 {"model", model},

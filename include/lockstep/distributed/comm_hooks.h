@@ -11,12 +11,10 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
-#include <ATen/core/ivalue.h>
-#include <c10/util/intrusive_ptr.h>
-#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <lockstep/distributed/process_group.h>
-#include <lockstep/distributed/shared_memory_allreduce.h>
+#include <lockstep/distributed/bucket_future.h>
+#include <lockstep/distributed/transport/gradient_transport.h>
 
 namespace lockstep {
 namespace distributed {
@@ -41,15 +39,10 @@ class GradBucket {
   /// Views into buffer(), one per parameter, shaped like it.
   const std::vector<at::Tensor>& gradients() const { return gradients_; }
 
-  /// When the group's ranks share hosts (DDPOptions::shared_memory), the memory this host's
-  /// ranks keep their buckets in and this bucket's offset there; allreduce_mean_hook averages
-  /// through it. nullptr otherwise.
-  SharedMemoryAllreduce* shared_memory() const { return shared_memory_.get(); }
-  int64_t shared_memory_offset() const { return shared_memory_offset_; }
-  void set_shared_memory(std::shared_ptr<SharedMemoryAllreduce> transport, int64_t offset) {
-    shared_memory_ = std::move(transport);
-    shared_memory_offset_ = offset;
-  }
+  /// The transport DDP keeps its buckets with (shared memory or the process group's backend);
+  /// allreduce_mean_hook averages through it. nullptr for a bucket made outside DDP.
+  GradientTransport* transport() const { return transport_.get(); }
+  void set_transport(std::shared_ptr<GradientTransport> transport) { transport_ = std::move(transport); }
 
  private:
   size_t index_;
@@ -58,40 +51,9 @@ class GradBucket {
   std::vector<at::Tensor> parameters_;
   std::vector<std::string> parameter_names_;
   std::vector<at::Tensor> gradients_;
-  std::shared_ptr<SharedMemoryAllreduce> shared_memory_;
-  int64_t shared_memory_offset_ = 0;
+  std::shared_ptr<GradientTransport> transport_;
 };
 
-/// What a comm hook returns: the reduced bucket (the mean over ranks, shaped and typed like
-/// GradBucket::buffer()), available now or once communication completes. The hook launches its
-/// communication and returns at once; DDP waits at the end of backward, so the communication
-/// overlaps the rest of backward.
-class BucketFuture {
- public:
-  /// Already reduced (a hook that computed it synchronously).
-  /* implicit */ BucketFuture(at::Tensor reduced);
-  /// `work` is in flight; after it completes, `finish` runs on the thread that waits and returns
-  /// the reduced bucket (divides by the world size, casts back, ...).
-  BucketFuture(c10::intrusive_ptr<c10d::Work> work, std::function<at::Tensor()> finish);
-  /// A future whose value is a tensor or a list of tensors (the first is taken), e.g. from
-  /// Work::getFuture()->then(...); `finish`, if given, maps that value to the reduced bucket.
-  explicit BucketFuture(c10::intrusive_ptr<c10::ivalue::Future> future,
-                        std::function<at::Tensor(const at::Tensor&)> finish = {});
-
-  /// Blocks until the bucket is reduced, at most `timeout`; throws std::runtime_error if the
-  /// communication failed or timed out. Call once.
-  at::Tensor wait(std::chrono::milliseconds timeout);
-  /// Calls `fn` once the communication has completed, possibly at once and possibly on a
-  /// communication thread (DDP uses it to trace when each bucket finished).
-  void on_completion(std::function<void()> fn);
-
- private:
-  at::Tensor reduced_;
-  c10::intrusive_ptr<c10d::Work> work_;
-  std::function<at::Tensor()> finish_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-  std::function<at::Tensor(const at::Tensor&)> finish_value_;
-};
 
 /// A communication hook: called on the backward thread when a bucket is full (buckets in index
 /// order), it starts reducing `bucket` over `group` and returns the future mean. It must make
@@ -104,7 +66,7 @@ class BucketFuture {
 using CommHook = std::function<BucketFuture(ProcessGroup& group, const GradBucket& bucket)>;
 
 /// The default: allreduce (sum) the buffer in place, then divide by the world size; through
-/// the bucket's shared memory when it has one (the same bits, a tenth of Gloo's CPU time).
+/// the bucket's transport (shared memory between ranks of one host) (the same bits, a tenth of Gloo's CPU time).
 CommHook allreduce_mean_hook();
 /// Casts the bucket to float16, divides by the world size, allreduces, and casts back into the
 /// buffer: half the bytes, ~3 decimal digits of precision (torch's fp16_compress_hook).

@@ -94,6 +94,9 @@ class DistributedDataParallelBase : public Joinable {
   ProcessGroup& group() const { return group_; }
   const DDPOptions& options() const { return options_; }
   Reducer& reducer() { return *reducer_; }
+  /// Why the buckets are not averaged through shared memory, e.g. "turned off in DDPOptions
+  /// (ranks 0, 1)"; "" when they are.
+  const std::string& why_not_shared_memory() const { return why_not_shared_memory_; }
   /// Timeline of the last synchronised backward: bucket ready / launched / reduced times.
   const ReducerTrace& last_trace() const { return reducer_->last_trace(); }
 
@@ -120,6 +123,7 @@ class DistributedDataParallelBase : public Joinable {
   DDPOptions options_;
   std::vector<at::Tensor> all_params_;
   std::vector<at::Tensor> buffers_;
+  std::string why_not_shared_memory_;
   std::unique_ptr<Reducer> reducer_;
   bool require_backward_grad_sync_ = true;
   bool has_converted_batchnorm_ = false;  // convert_sync_batchnorm ran on the module

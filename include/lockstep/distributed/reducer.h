@@ -19,6 +19,7 @@
 #include <lockstep/distributed/comm_hooks.h>
 #include <lockstep/distributed/ddp_options.h>
 #include <lockstep/distributed/process_group.h>
+#include <lockstep/distributed/transport/gradient_transport.h>
 
 namespace torch {
 namespace autograd {
@@ -74,13 +75,15 @@ struct ReducerTrace {
 };
 
 /// Reduces the gradients of `parameters` across `group` in every backward pass that follows a
-/// prepare_for_backward(). DistributedDataParallel owns one; use it directly only to build
-/// another wrapper. `group` must outlive the reducer.
+/// prepare_for_backward(): it orders the buckets, hands full ones to the transport and writes
+/// the results back. DistributedDataParallel owns one; use it directly only to build another
+/// wrapper. `group` must outlive the reducer.
 class Reducer {
  public:
-  /// `parameters` are leaves that require grad, with their names for messages.
+  /// `parameters` are leaves that require grad, with their names for messages; `transport`
+  /// holds and reduces the buckets (see choose_gradient_transport).
   Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> names, ProcessGroup& group,
-          DDPOptions options);
+          DDPOptions options, std::shared_ptr<GradientTransport> transport);
   ~Reducer();
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
@@ -108,10 +111,8 @@ class Reducer {
   std::vector<std::vector<size_t>> bucket_indices() const;
   /// The bucket buffers (for tests: with gradient_as_bucket_view, grads are views into them).
   std::vector<at::Tensor> bucket_buffers() const;
-  /// Whether buckets are averaged through shared memory (DDPOptions::shared_memory), and if not,
-  /// why, e.g. "turned off in DDPOptions (ranks 0, 1)" ("" when it is used).
-  bool uses_shared_memory() const { return shared_memory_ != nullptr; }
-  const std::string& why_not_shared_memory() const { return why_not_shared_memory_; }
+  /// Where the buckets live and how they are averaged ("shared memory", "gloo").
+  const GradientTransport& transport() const { return *transport_; }
   /// Parameters found unused by the last prepare_for_backward (find_unused_parameters).
   std::vector<std::string> unused_parameter_names() const;
   const std::vector<std::string>& parameter_names() const { return names_; }
@@ -119,8 +120,6 @@ class Reducer {
  private:
   struct Bucket;
 
-  void connect_shared_memory();
-  void say_once_why_not_shared_memory() const;
   void build_buckets(const std::vector<std::vector<size_t>>& assignment);
   std::unique_ptr<GradBucket> make_grad_bucket(size_t b, const at::Tensor& buffer) const;
   void finish_step();
@@ -149,8 +148,7 @@ class Reducer {
 
   std::vector<Bucket> buckets_;
   std::vector<std::pair<size_t, size_t>> locator_;  // parameter -> (bucket, slot)
-  std::shared_ptr<SharedMemoryAllreduce> shared_memory_;  // buckets live here when set
-  std::string why_not_shared_memory_;
+  std::shared_ptr<GradientTransport> transport_;  // the buckets' memory and their reduction
 
   mutable std::mutex mutex_;
   bool expect_hooks_ = false;

@@ -72,7 +72,9 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
     auto* sync = dynamic_cast<SyncBatchNormImpl*>(m.get());
     has_converted_batchnorm_ = has_converted_batchnorm_ || (sync && sync->replaced_counter.defined());
   }
-  reducer_ = std::make_unique<Reducer>(std::move(reduced), std::move(reduced_names), group_, options_);
+  auto transport = choose_gradient_transport(group_, reduced, options_.shared_memory(), &why_not_shared_memory_);
+  reducer_ = std::make_unique<Reducer>(std::move(reduced), std::move(reduced_names), group_, options_,
+                                       std::move(transport));
 }
 
 DistributedDataParallelBase::~DistributedDataParallelBase() = default;

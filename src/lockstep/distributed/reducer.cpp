@@ -27,21 +27,6 @@ using Clock = std::chrono::steady_clock;
 
 int64_t megabytes_to_bytes(double mb) { return static_cast<int64_t>(mb * 1024.0 * 1024.0); }
 
-// Buckets start on cache lines in the shared memory slot.
-int64_t cache_line_round_up(int64_t bytes) { return (bytes + 63) / 64 * 64; }
-
-// Why these parameters' buckets cannot live in shared memory, or "" if they can.
-std::string shared_memory_unsuitable(const std::vector<at::Tensor>& params, const DDPOptions& options) {
-  if (!options.shared_memory()) return "turned off in DDPOptions";
-  const char* env = std::getenv("LOCKSTEP_DDP_SHARED_MEMORY");
-  if (env && std::string(env) == "0") return "turned off by LOCKSTEP_DDP_SHARED_MEMORY=0";
-  for (const auto& p : params) {
-    if (!p.device().is_cpu()) return "parameters not on the CPU";
-    if (p.scalar_type() != at::kFloat && p.scalar_type() != at::kDouble) return "parameters not float32/float64";
-  }
-  return "";
-}
-
 std::string join(const std::vector<std::string>& names, size_t limit = 8) {
   std::string out;
   for (size_t k = 0; k < names.size() && k < limit; ++k) out += (k ? ", " : "") + names[k];
@@ -74,17 +59,21 @@ struct Reducer::Bucket {
   size_t pending = 0;
   c10::optional<BucketFuture> future;
   std::shared_ptr<std::atomic<int64_t>> reduced_at;  // ns after backward_start; 0: not yet
-  int64_t shared_offset = 0;                         // where buffer lives in shared memory
 };
 
 Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> names, ProcessGroup& group,
-                 DDPOptions options)
-    : params_(std::move(parameters)), names_(std::move(names)), group_(group), options_(std::move(options)) {
+                 DDPOptions options, std::shared_ptr<GradientTransport> transport)
+    : params_(std::move(parameters)),
+      names_(std::move(names)),
+      group_(group),
+      options_(std::move(options)),
+      transport_(std::move(transport)) {
   if (names_.size() != params_.size()) {
     throw std::invalid_argument("Reducer: " + std::to_string(params_.size()) + " parameters but " +
                                 std::to_string(names_.size()) + " names.");
   }
   if (!options_.comm_hook()) throw std::invalid_argument("DDPOptions::comm_hook is empty; leave the default or pass a hook.");
+  if (!transport_) throw std::invalid_argument("Reducer: no transport; pass choose_gradient_transport(...).");
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!params_[i].requires_grad() || !params_[i].is_leaf()) {
       throw std::invalid_argument("Reducer: parameter '" + names_[i] +
@@ -93,7 +82,6 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
   }
   ready_.assign(params_.size(), false);
   local_used_ = torch::zeros({static_cast<int64_t>(params_.size())}, torch::kInt32);
-  connect_shared_memory();
   build_buckets(assign_buckets(params_, reverse_order(params_.size()), megabytes_to_bytes(options_.first_bucket_mb()),
                                megabytes_to_bytes(options_.bucket_cap_mb())));
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -112,56 +100,26 @@ Reducer::~Reducer() {
   for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
 }
 
-void Reducer::connect_shared_memory() {
-  // A collective on every rank (each says whether it can), so that all ranks agree.
-  const std::string unsuitable = shared_memory_unsuitable(params_, options_);
-  if (group_.world_size() < 2) {
-    why_not_shared_memory_ = "a single rank has nothing to share";
-    return;
-  }
-  int64_t bytes = 64;
-  for (const auto& p : params_) bytes += cache_line_round_up(p.numel() * static_cast<int64_t>(p.element_size()));
-  shared_memory_ = SharedMemoryAllreduce::connect(group_, bytes, unsuitable, &why_not_shared_memory_);
-  if (!shared_memory_ && group_.rank() == 0) say_once_why_not_shared_memory();
-}
-
-void Reducer::say_once_why_not_shared_memory() const {
-  // Once per reason and process: a GAN's two DDPs, or a test's many, would repeat it.
-  static std::mutex said_mutex;
-  static std::set<std::string> said;
-  std::lock_guard<std::mutex> lock(said_mutex);
-  if (!said.insert(why_not_shared_memory_).second) return;
-  std::cerr << "lockstep: DDP averages gradients through " << group_.backend_name()
-            << ", not shared memory: " << why_not_shared_memory_ << ".\n";
-}
-
 void Reducer::build_buckets(const std::vector<std::vector<size_t>>& assignment) {
   torch::NoGradGuard no_grad;
-  // Gradients that are views of the current buckets; new buckets in shared memory may overlap
-  // the old ones, so they are copied out first.
+  // Gradients that are views of the current buckets; new buckets may reuse the old ones' memory
+  // (shared memory does), so they are copied out first.
   std::vector<at::Tensor> kept(params_.size());
   if (options_.gradient_as_bucket_view()) {
     for (size_t i = 0; i < params_.size(); ++i) {
       const auto& grad = params_[i].grad();
-      if (grad.defined()) kept[i] = shared_memory_ ? grad.clone() : grad;
+      if (grad.defined()) kept[i] = grad.clone();
     }
   }
   std::vector<Bucket> buckets(assignment.size());
   locator_.assign(params_.size(), {0, 0});
-  int64_t shared_offset = 0;
   for (size_t b = 0; b < assignment.size(); ++b) {
     auto& bucket = buckets[b];
     bucket.members = assignment[b];
     int64_t total = 0;
     for (size_t i : bucket.members) total += params_[i].numel();
     const auto options = params_[bucket.members.front()].options();
-    if (shared_memory_) {
-      bucket.shared_offset = shared_offset;
-      bucket.buffer = shared_memory_->region(shared_offset, total, options).zero_();
-      shared_offset += cache_line_round_up(total * static_cast<int64_t>(bucket.buffer.element_size()));
-    } else {
-      bucket.buffer = torch::zeros({total}, options);
-    }
+    bucket.buffer = transport_->allocate(b, total, options);
     int64_t offset = 0;
     for (size_t k = 0; k < bucket.members.size(); ++k) {
       const size_t i = bucket.members[k];
@@ -193,7 +151,7 @@ std::unique_ptr<GradBucket> Reducer::make_grad_bucket(size_t b, const at::Tensor
   }
   auto grad_bucket = std::make_unique<GradBucket>(b, b + 1 == buckets_.size(), buffer, std::move(params),
                                                   std::move(names), std::move(views));
-  if (shared_memory_) grad_bucket->set_shared_memory(shared_memory_, bucket.shared_offset);
+  grad_bucket->set_transport(transport_);
   return grad_bucket;
 }
 
@@ -209,7 +167,7 @@ void Reducer::join_backward() {
   // Through shared memory the shadow passes through this rank's own slot, where its buckets (and
   // with gradient_as_bucket_view its .grad) live: keep them as the Gloo path does.
   std::vector<at::Tensor> kept;
-  if (shared_memory_) {
+  if (transport_->reduces_through_bucket_memory()) {
     for (const auto& bucket : buckets_) kept.push_back(bucket.buffer.clone());
   }
   std::vector<BucketFuture> futures;
@@ -441,7 +399,7 @@ void Reducer::finalize_backward() {
                ". Use DDPOptions().find_unused_parameters(true) (with the Trainer: --strategy "
                "ddp_find_unused_parameters_true) if the forward skips them on purpose, or make sure "
                "all outputs of forward take part in calculating the loss.";
-    if (shared_memory_) shared_memory_->leave();
+    transport_->leave();
     throw UnusedParametersError(failure_, std::move(missing));
   }
   for (size_t b = 0; b < buckets_.size(); ++b) {
@@ -568,7 +526,7 @@ std::string Reducer::bucket_name(size_t b) const {
 void Reducer::fail(const std::string& message) {
   failure_ = message;
   // Peers waiting in shared memory learn at once that this rank is out (Gloo peers at the timeout).
-  if (shared_memory_) shared_memory_->leave();
+  transport_->leave();
   throw DistributedError(message);
 }
 

@@ -179,7 +179,7 @@ TEST_P(DDPJoinShadow, LeavesTheJoinedRanksGradientsAlone) {
   run_ranks(2, [&](ProcessGroup& g) {
     ParityMlp model;
     DistributedDataParallel ddp(model, g, DDPOptions().gradient_as_bucket_view(true).shared_memory(shared_memory));
-    ASSERT_EQ(ddp.reducer().uses_shared_memory(), shared_memory);
+    ASSERT_EQ(ddp.reducer().transport().name() == "shared memory", shared_memory);
     torch::optim::SGD opt(ddp.parameters(), 0.1);
     std::vector<at::Tensor> last_grads;
     {

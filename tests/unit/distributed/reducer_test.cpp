@@ -7,6 +7,7 @@
 
 #include <lockstep/distributed/bucket_assignment.h>
 #include <lockstep/distributed/ddp.h>
+#include <lockstep/distributed/transport/c10d_transport.h>
 
 #include "../../support/parity.h"
 #include "../../support/thread_ranks.h"
@@ -116,12 +117,20 @@ TEST(Reducer, RebuildsBucketsOnceFromTheArrivalOrderOfTheFirstStep) {
   });
 }
 
+// What DistributedDataParallel gives its reducer (shared memory between these thread ranks).
+std::shared_ptr<GradientTransport> transport_for(ProcessGroup& g, const std::vector<at::Tensor>& params) {
+  std::string why_not;
+  return choose_gradient_transport(g, params, /*shared_memory=*/true, &why_not);
+}
+
 TEST(Reducer, RejectsParametersThatDoNotRequireGrad) {
   run_ranks(1, [](ProcessGroup& g) {
     auto p = torch::zeros({3});
-    EXPECT_THROW(Reducer({p}, {"p"}, g, DDPOptions()), std::invalid_argument);
+    auto transport = std::make_shared<C10dTransport>(g);
+    EXPECT_THROW(Reducer({p}, {"p"}, g, DDPOptions(), transport), std::invalid_argument);
     auto q = torch::zeros({3}, torch::requires_grad());
-    EXPECT_THROW(Reducer({q}, {"q", "extra"}, g, DDPOptions()), std::invalid_argument);
+    EXPECT_THROW(Reducer({q}, {"q", "extra"}, g, DDPOptions(), transport), std::invalid_argument);
+    EXPECT_THROW(Reducer({q}, {"q"}, g, DDPOptions(), nullptr), std::invalid_argument);
   });
 }
 
@@ -130,7 +139,8 @@ TEST(Reducer, AveragesGradientsOfAHandBuiltParameterList) {
   run_ranks(4, [](ProcessGroup& g) {
     auto a = torch::ones({5}, torch::requires_grad());
     auto b = torch::ones({2, 3}, torch::requires_grad());
-    Reducer reducer({a, b}, {"a", "b"}, g, DDPOptions().bucket_cap_mb(1e-7).first_bucket_mb(1e-7));
+    Reducer reducer({a, b}, {"a", "b"}, g, DDPOptions().bucket_cap_mb(1e-7).first_bucket_mb(1e-7),
+                    transport_for(g, {a, b}));
     reducer.prepare_for_forward();
     const float r = static_cast<float>(g.rank());
     auto loss = (a * r).sum() + (b * (r * 2)).sum();
@@ -147,7 +157,9 @@ TEST(Reducer, StaticGraphFindsUnusedParametersOnceAndKeepsRebuilding) {
   run_ranks(2, [](ProcessGroup& g) {
     auto used = torch::ones({4}, torch::requires_grad());
     auto unused = torch::ones({4}, torch::requires_grad());
-    Reducer reducer({used, unused}, {"used", "unused"}, g, DDPOptions().static_graph(true).bucket_cap_mb(1e-7).first_bucket_mb(1e-7));
+    Reducer reducer({used, unused}, {"used", "unused"}, g,
+                    DDPOptions().static_graph(true).bucket_cap_mb(1e-7).first_bucket_mb(1e-7),
+                    transport_for(g, {used, unused}));
     for (int step = 0; step < 3; ++step) {
       reducer.prepare_for_forward();
       auto loss = (used * static_cast<float>(g.rank() + 1)).sum();

@@ -1,4 +1,4 @@
-#include <lockstep/distributed/shared_memory_allreduce.h>
+#include <lockstep/distributed/transport/shared_memory_allreduce.h>
 
 #include <linux/futex.h>
 #include <sys/mman.h>
@@ -24,9 +24,16 @@
 
 #include <lockstep/distributed/collectives.h>
 
+#include "hosts.h"
+
 namespace lockstep {
 namespace distributed {
 namespace {
+
+using detail::describe_refusals;
+using detail::gather_strings;
+using detail::host_key;
+using detail::ranks_by_host;
 
 using Clock = std::chrono::steady_clock;
 
@@ -67,23 +74,6 @@ bool process_alive(int pid) {
   return stat[close + 2] != 'Z' && stat[close + 2] != 'X';
 }
 
-std::string read_link(const std::string& path) {
-  char buffer[256];
-  const ssize_t n = readlink(path.c_str(), buffer, sizeof(buffer) - 1);
-  return n > 0 ? std::string(buffer, static_cast<size_t>(n)) : "";
-}
-
-// Ranks can share a memfd through /proc/<pid>/fd/<fd> only on one kernel and in one pid
-// namespace: the host key holds both.
-std::string host_key() {
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  std::ifstream boot("/proc/sys/kernel/random/boot_id");
-  std::string boot_id;
-  boot >> boot_id;
-  return std::string(host) + "|" + boot_id + "|" + read_link("/proc/self/ns/pid");
-}
-
 std::string errno_text(const std::string& call) { return call + ": " + std::strerror(errno); }
 
 char* map_shared(int fd, int64_t bytes, std::string* error) {
@@ -91,22 +81,6 @@ char* map_shared(int fd, int64_t bytes, std::string* error) {
   if (p != MAP_FAILED) return static_cast<char*>(p);
   *error = errno_text("mmap");
   return nullptr;
-}
-
-// Groups ranks by their host keys: the hosts in order of their first rank, each with its ranks
-// in rank order.
-std::vector<std::vector<int>> ranks_by_host(const std::vector<std::string>& keys) {
-  std::vector<std::vector<int>> hosts;
-  std::vector<std::string> seen;
-  for (int r = 0; r < static_cast<int>(keys.size()); ++r) {
-    const auto at = static_cast<size_t>(std::find(seen.begin(), seen.end(), keys[r]) - seen.begin());
-    if (at == seen.size()) {
-      seen.push_back(keys[r]);
-      hosts.emplace_back();
-    }
-    hosts[at].push_back(r);
-  }
-  return hosts;
 }
 
 // A new memfd of `bytes`, mapped, with its header for `slots` ranks; `offer` gets the path the
@@ -136,35 +110,6 @@ char* create_segment(int64_t bytes, int slots, int* fd, nlohmann::json* offer, s
   (*offer)["path"] = "/proc/" + std::to_string(getpid()) + "/fd/" + std::to_string(*fd);
   (*offer)["token"] = token;
   return base;
-}
-
-std::vector<std::string> gather_strings(ProcessGroup& group, const std::string& text, const std::string& tag) {
-  auto bytes = torch::empty({static_cast<int64_t>(text.size())}, torch::kUInt8);
-  if (!text.empty()) std::memcpy(bytes.data_ptr(), text.data(), text.size());
-  std::vector<std::string> out;
-  for (const auto& part : all_gather(group, bytes, CollectiveOptions().tag(tag))) {
-    out.emplace_back(static_cast<const char*>(part.data_ptr()), static_cast<size_t>(part.numel()));
-  }
-  return out;
-}
-
-// "turned off in DDPOptions (ranks 0, 1)" or "open /proc/...: Permission denied (rank 2)" (each
-// reason once, with the ranks that gave it), or "" if none refused.
-std::string describe_refusals(const std::vector<std::string>& reasons) {
-  std::vector<std::pair<std::string, std::vector<int>>> grouped;
-  for (int r = 0; r < static_cast<int>(reasons.size()); ++r) {
-    if (reasons[r].empty()) continue;
-    auto same = std::find_if(grouped.begin(), grouped.end(), [&](const auto& g) { return g.first == reasons[r]; });
-    if (same == grouped.end()) same = grouped.insert(grouped.end(), {reasons[r], {}});
-    same->second.push_back(r);
-  }
-  std::string out;
-  for (const auto& [reason, ranks] : grouped) {
-    std::string list;
-    for (int r : ranks) list += (list.empty() ? "" : ", ") + std::to_string(r);
-    out += (out.empty() ? "" : "; ") + reason + (ranks.size() > 1 ? " (ranks " : " (rank ") + list + ")";
-  }
-  return out;
 }
 
 template <typename T>

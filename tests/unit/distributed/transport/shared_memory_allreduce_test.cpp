@@ -1,4 +1,4 @@
-#include <lockstep/distributed/shared_memory_allreduce.h>
+#include <lockstep/distributed/transport/shared_memory_allreduce.h>
 
 #include <atomic>
 #include <chrono>
@@ -14,10 +14,10 @@
 #include <lockstep/distributed/collectives.h>
 #include <lockstep/distributed/ddp.h>
 
-#include "../../support/command.h"
-#include "../../support/errors.h"
-#include "../../support/parity.h"
-#include "../../support/thread_ranks.h"
+#include "../../../support/command.h"
+#include "../../../support/errors.h"
+#include "../../../support/parity.h"
+#include "../../../support/thread_ranks.h"
 
 namespace lockstep {
 namespace distributed {
@@ -238,7 +238,7 @@ TEST(DDPSharedMemory, ARankWhoseDDPIsGoneIsNamedLongBeforeTheTimeout) {
   run_ranks(2, [&](ProcessGroup& g) {
     lockstep::testing::ParityMlp model;
     auto ddp = make_ddp(model, g);
-    ASSERT_TRUE(ddp->reducer().uses_shared_memory());
+    ASSERT_EQ(ddp->reducer().transport().name(), "shared memory");
     barrier(g, "built");
     if (g.rank() == 1) {
       ddp.reset();
@@ -322,7 +322,7 @@ std::vector<at::Tensor> train_two_ranks(bool shared_memory, bool view, std::stri
     }
     if (g.rank() == 0) {
       out = lockstep::testing::clone_all(model->parameters());
-      *transport = ddp.reducer().uses_shared_memory() ? "shared memory" : ddp.reducer().why_not_shared_memory();
+      *transport = ddp.why_not_shared_memory().empty() ? ddp.reducer().transport().name() : ddp.why_not_shared_memory();
     }
   }, forever());
   return out;
