@@ -50,6 +50,8 @@ class SimpleProfiler : public Profiler {
 
  private:
   std::string title_;
+  // Guards stats_, so that scopes closing on different threads (the Trainer's, and any the
+  // user profiles from) record safely.
   mutable std::mutex mutex_;
   std::map<std::string, Stats> stats_;
   std::chrono::steady_clock::time_point start_;

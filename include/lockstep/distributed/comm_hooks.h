@@ -65,8 +65,8 @@ class GradBucket {
 ///   });
 using CommHook = std::function<BucketFuture(ProcessGroup& group, const GradBucket& bucket)>;
 
-/// The default: allreduce (sum) the buffer in place, then divide by the world size; through
-/// the bucket's transport (shared memory between ranks of one host) (the same bits, a tenth of Gloo's CPU time).
+/// The default: the bucket's transport sums the buffer in place across the ranks, then divides
+/// by the world size (shared memory between ranks of one host, else the process group).
 CommHook allreduce_mean_hook();
 /// Casts the bucket to float16, divides by the world size, allreduces, and casts back into the
 /// buffer: half the bytes, ~3 decimal digits of precision (torch's fp16_compress_hook).

@@ -33,7 +33,7 @@ struct DDPOptions {
   /// When ranks share a host (and parameters are float32/float64 on the CPU), keep the buckets
   /// in memory shared by the ranks of each host and average them there instead of sending them
   /// through the backend (Gloo's loopback TCP): the sum in rank order (on 2 ranks the same bits
-  /// as Gloo's) for about a tenth of the CPU time. With several hosts (the same number of ranks
+  /// as Gloo's) at a fraction of the CPU time (docs/benchmarks.md). With several hosts (the same number of ranks
   /// on each), rank i of every host then sums part i over the backend. Other collectives still
   /// use the backend. LOCKSTEP_DDP_SHARED_MEMORY=0 turns it off too. Default: true.
   TORCH_ARG(bool, shared_memory) = true;

@@ -150,6 +150,11 @@ class Reducer {
   std::vector<std::pair<size_t, size_t>> locator_;  // parameter -> (bucket, slot)
   std::shared_ptr<GradientTransport> transport_;  // the buckets' memory and their reduction
 
+  // Guards the step's state below (ready_, each bucket's pending count and future,
+  // next_to_launch_, failure_, the usage maps, the trace). autograd_hook runs on autograd's
+  // threads, finalize_backward on the thread that ran backward (Engine::queue_callback), the
+  // forward/backward preparation on the caller's; communication threads touch only each
+  // bucket's atomic reduced_at (BucketFuture::on_completion).
   mutable std::mutex mutex_;
   bool expect_hooks_ = false;
   bool backward_started_ = false;

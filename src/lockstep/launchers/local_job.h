@@ -67,6 +67,9 @@ class LocalJob {
   Supervisor supervisor_;
   std::thread watcher_;
   std::atomic<bool> stop_watching_{false};
+  // Guards result_, ended_early_ and worker_code_: finish() (local rank 0's main thread, or the
+  // atexit handler) and end_after_own_failure() may race; watcher_ (which ends the process when
+  // a worker fails) is stopped and joined under it before either reads the supervisor.
   std::mutex finish_mutex_;
   std::optional<int> result_;
   bool ended_early_ = false;        // end_after_own_failure ran

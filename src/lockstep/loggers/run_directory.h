@@ -28,6 +28,7 @@ class RunDirectory {
   std::string claim() const;
 
   LoggerOptions options_;
+  // Guards version_: claimed once, on first use, by whichever thread asks first.
   mutable std::mutex mutex_;
   mutable std::optional<std::string> version_;
 };

@@ -90,6 +90,8 @@ class SharedMemoryAllreduce {
   std::chrono::milliseconds timeout_;
   uint64_t epoch_ = 0;
 
+  // Guards jobs_: allreduce() queues from the backward pass's thread; thread_ (run()) takes them
+  // in order and is the only thread that touches the segment's slots and barrier.
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Job> jobs_;
