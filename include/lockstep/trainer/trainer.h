@@ -12,9 +12,9 @@
 #include <lockstep/callbacks/callback.h>
 #include <lockstep/callbacks/profiler.h>
 #include <lockstep/checkpoint/checkpoint_io.h>
-#include <lockstep/data/data_loader.h>
 #include <lockstep/core/trainer_view.h>
 #include <lockstep/core/training_module.h>
+#include <lockstep/data/data_loader.h>
 #include <lockstep/strategies/strategy.h>
 #include <lockstep/trainer/connector.h>
 #include <lockstep/trainer/metrics.h>

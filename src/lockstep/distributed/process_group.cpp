@@ -87,10 +87,14 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_backend(const c10::intrusive_ptr<c10
     if (store->add("lockstep_connected", 1) == size) store->set("lockstep_all_connected", {1});
     store->wait({"lockstep_all_connected"}, timeout);
   } catch (const std::exception& e) {
-    const auto arrived = store->add("lockstep_connected", 0);
-    throw DistributedError(who + ": only " + std::to_string(arrived) + " of " + std::to_string(size) +
-                           " ranks finished connecting within " + seconds(timeout) +
-                           ". Every rank must start; check the other ranks' output.");
+    std::string arrived = "not all";
+    try {
+      arrived = "only " + std::to_string(store->add("lockstep_connected", 0)) + " of";
+    } catch (const std::exception&) {
+      // the store itself is gone: say what is known
+    }
+    throw DistributedError(who + ": " + arrived + " " + std::to_string(size) + " ranks finished connecting within " +
+                           seconds(timeout) + " (" + e.what() + "). Every rank must start; check the other ranks' output.");
   }
   return backend;
 }

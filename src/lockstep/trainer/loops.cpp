@@ -28,7 +28,7 @@ void Trainer::emit(const std::map<std::string, double>& metrics, std::optional<i
   }
   if (row.empty()) return;
   row["epoch"] = static_cast<double>(epoch.value_or(current_epoch_));
-  for (auto& logger : loggers_) logger->log_metrics(row, global_step_);
+  log_metrics(row, global_step_);
 }
 
 void Trainer::emit_step_metrics(bool force, std::optional<int64_t> epoch) {

@@ -7,12 +7,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <limits>
 
-#include <ATen/autocast_mode.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
@@ -22,8 +20,6 @@
 #include <lockstep/callbacks/simple_profiler.h>
 #include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/core/number_text.h>
-#include <lockstep/checkpoint/optimizer_state.h>
-#include <lockstep/checkpoint/state_dict.h>
 #include <lockstep/core/blas.h>
 #include <lockstep/core/seed.h>
 #include <lockstep/core/usage_error.h>
