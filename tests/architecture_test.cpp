@@ -86,7 +86,7 @@ TEST(Architecture, AnEdgeAgainstTheLayeringIsNamed) {
   std::ofstream(dir / "src/lockstep/core/training_module.cpp")
       << "#include <lockstep/core/training_module.h>\n#include <lockstep/trainer/trainer.h>\n";
   std::ofstream(dir / "src/lockstep/callbacks/lr_monitor.cpp") << "#include <lockstep/loggers/logger.h>\n";
-  std::ofstream(dir / "src/lockstep/data/sampler.cpp") << "#include <lockstep/core/usage_error.h>\n";
+  std::ofstream(dir / "src/lockstep/data/sampler.cpp") << "#include <lockstep/core/error.h>\n";
   const auto violations = layering_violations(dir.path());
   ASSERT_EQ(violations.size(), 2u);
   const std::string all = violations[0] + "\n" + violations[1];

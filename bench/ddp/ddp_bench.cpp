@@ -17,8 +17,8 @@
 #include <lockstep/distributed/collectives.h>
 #include <lockstep/distributed/ddp.h>
 #include <lockstep/environments/cluster_environment.h>
-#include <lockstep/launchers/fork_launcher.h>
-#include <lockstep/launchers/subprocess_launcher.h>
+#include <lockstep/environments/torchelastic_environment.h>
+#include <lockstep/launchers/local_launcher.h>
 
 namespace {
 
@@ -89,12 +89,10 @@ int run(int argc, char** argv) {
   auto env = environments::detect_environment(environments::Environ::from_process());
   if (!env->creates_processes_externally() && nproc > 1) {
     const auto options = launchers::LaunchOptions().nproc_per_node(nproc).master_port(env->main_port());
-    if (start_method == "fork") {
-      launchers::ForkLauncher(options).launch();
-    } else {
-      launchers::SubprocessLauncher(options).launch();
+    const auto method = start_method == "fork" ? launchers::StartMethod::fork : launchers::StartMethod::reexec;
+    if (const auto placement = launchers::LocalLauncher(options, method).launch()) {
+      env = std::make_unique<environments::TorchElasticEnvironment>(*placement);
     }
-    env = environments::detect_environment(environments::Environ::from_process());
   }
   torch::set_num_threads(1);
   auto group = distributed::ProcessGroup::init(env->process_group_options().timeout(std::chrono::seconds(300)));

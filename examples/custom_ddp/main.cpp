@@ -16,7 +16,7 @@
 #include <lockstep/cli/trainer_flags.h>
 #include <lockstep/data/dataset.h>
 #include <lockstep/core/training_module.h>
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 #include <lockstep/distributed/ddp.h>
 #include <lockstep/strategies/ddp_strategy.h>
 #include <lockstep/strategies/registry.h>

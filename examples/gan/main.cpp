@@ -14,7 +14,7 @@
 
 #include <lockstep/cli/guarded_main.h>
 #include <lockstep/cli/trainer_flags.h>
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 #include <lockstep/data/idx_examples.h>
 #include <lockstep/trainer/trainer.h>
 

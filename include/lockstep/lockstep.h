@@ -22,7 +22,7 @@
 #include <lockstep/core/retry.h>
 #include <lockstep/core/seed.h>
 #include <lockstep/core/training_module.h>
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 #include <lockstep/data/idx_dataset.h>
 #include <lockstep/data/idx_examples.h>
 #include <lockstep/distributed/collectives.h>
@@ -42,10 +42,9 @@
 #include <lockstep/environments/mpi_environment.h>
 #include <lockstep/environments/slurm_environment.h>
 #include <lockstep/environments/torchelastic_environment.h>
-#include <lockstep/launchers/fork_launcher.h>
+#include <lockstep/launchers/local_launcher.h>
 #include <lockstep/launchers/launch.h>
 #include <lockstep/launchers/launcher.h>
-#include <lockstep/launchers/subprocess_launcher.h>
 #include <lockstep/loggers/csv_logger.h>
 #include <lockstep/loggers/logger.h>
 #include <lockstep/loggers/tensorboard_logger.h>

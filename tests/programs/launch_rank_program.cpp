@@ -1,15 +1,14 @@
 // A training-program stand-in for the in-process launcher tests:
 //   launch_rank_program DIR subprocess|fork NPROC [fail=R:C] [sleep=R:MS] [exit_timeout=MS]
 //                       [grace=MS] [thread_first] [scrub] [marker...]
-// Launches with SubprocessLauncher or ForkLauncher, then every rank writes DIR/rank.<RANK>
+// Launches with LocalLauncher (re-exec or fork), then every rank writes DIR/rank.<RANK>
 // (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, PID, PPID, ARGS), sleeps when asked,
 // writes DIR/done.<RANK> and exits (with C when asked). thread_first starts a thread before
 // launching; a LaunchError is written to DIR/error and exits 2. scrub overwrites the words after
 // it with 'x' in place before launching (as a program hiding a secret would); START_ARGS is argv
 // as the rank started.
-#include <lockstep/launchers/fork_launcher.h>
+#include <lockstep/launchers/local_launcher.h>
 #include <lockstep/launchers/launch_error.h>
-#include <lockstep/launchers/subprocess_launcher.h>
 
 #include <unistd.h>
 
@@ -20,6 +19,7 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -41,6 +41,13 @@ bool for_rank(const std::string& value, const std::string& rank, std::string* ou
   if (colon == std::string::npos || value.substr(0, colon) != rank) return false;
   *out = value.substr(colon + 1);
   return true;
+}
+
+// "RANK LOCAL_RANK WORLD_SIZE MASTER_ADDR MASTER_PORT" as launch() returned them, or "none".
+std::string describe(const std::optional<lockstep::distributed::Placement>& p) {
+  if (!p) return "none";
+  return std::to_string(p->global_rank) + " " + std::to_string(p->local_rank) + " " + std::to_string(p->world_size) +
+         " " + p->main_address + " " + std::to_string(p->main_port);
 }
 
 }  // namespace
@@ -80,15 +87,11 @@ int main(int argc, char** argv) {
       released.wait(lock, [&] { return release; });
     });
   }
-  std::unique_ptr<Launcher> launcher;
-  if (kind == "fork") {
-    launcher = std::make_unique<ForkLauncher>(options);
-  } else {
-    launcher = std::make_unique<SubprocessLauncher>(options);
-  }
+  auto launcher = std::make_unique<LocalLauncher>(options, kind == "fork" ? StartMethod::fork : StartMethod::reexec);
   int code = 0;
+  std::optional<lockstep::distributed::Placement> placement;
   try {
-    launcher->launch();
+    placement = launcher->launch();
   } catch (const LaunchError& error) {
     write_file(dir + "/error", error.what());
     code = 2;
@@ -108,7 +111,7 @@ int main(int argc, char** argv) {
                  env("WORLD_SIZE") + "\nMASTER_ADDR=" + env("MASTER_ADDR") + "\nMASTER_PORT=" +
                  env("MASTER_PORT") + "\nPID=" + std::to_string(::getpid()) + "\nPPID=" +
                  std::to_string(::getppid()) + "\nLAUNCHER=" + launcher->name() + "\nARGS=" +
-                 args + "\nSTART_ARGS=" + start_args + "\n");
+                 args + "\nSTART_ARGS=" + start_args + "\nPLACEMENT=" + describe(placement) + "\n");
   std::string value;
   for (int i = 4; i < argc; ++i) {
     const std::string arg = argv[i];

@@ -4,7 +4,7 @@
 #include <functional>
 #include <string>
 
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 
 namespace lockstep {
 namespace testing {

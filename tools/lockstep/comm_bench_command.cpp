@@ -17,7 +17,7 @@
 
 #include <lockstep/core/blas.h>
 #include <lockstep/core/number_text.h>
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 #include <lockstep/distributed/collectives.h>
 #include <lockstep/environments/cluster_environment.h>
 #include <lockstep/launchers/launch.h>

@@ -25,9 +25,9 @@ struct EnvArgs {
 nlohmann::json describe(const EnvArgs& args) {
   const auto plan = resolve_plan(args.flags, environments::Environ::from_process(), nullptr,
                                  accelerators::cuda_device_count());
-  const auto& env = *plan.environment;
+  const auto& env = *plan.context.environment;
   // The job: what this process joins under a scheduler, or what the Trainer will launch.
-  const int job_size = env.creates_processes_externally() ? env.world_size() : plan.devices_per_node * plan.num_nodes;
+  const int job_size = env.creates_processes_externally() ? env.world_size() : plan.context.devices_per_node * plan.context.num_nodes;
   return {{"job_world_size", job_size},
           {"environment", env.name()},
           {"world_size", env.world_size()},
@@ -37,9 +37,9 @@ nlohmann::json describe(const EnvArgs& args) {
           {"main_address", env.main_address()},
           {"main_port", env.main_port()},
           {"creates_processes_externally", env.creates_processes_externally()},
-          {"accelerator", plan.accelerator},
-          {"devices", plan.devices_per_node},
-          {"num_nodes", plan.num_nodes},
+          {"accelerator", accelerators::to_string(plan.context.accelerator)},
+          {"devices", plan.context.devices_per_node},
+          {"num_nodes", plan.context.num_nodes},
           {"strategy", plan.strategy->name()},
           {"blas", core::blas_library()}};
 }

@@ -8,7 +8,7 @@
 #include <map>
 #include <sstream>
 
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 
 #include "commands.h"
 

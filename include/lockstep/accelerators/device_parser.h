@@ -7,15 +7,21 @@
 #include <string>
 #include <vector>
 
+#include <lockstep/core/error.h>
 #include <lockstep/core/retry.h>
 
 namespace lockstep {
 namespace accelerators {
 
+/// Where the model runs.
+enum class Accelerator { cpu, cuda };
+/// "cpu" or "cuda".
+std::string to_string(Accelerator accelerator);
+
 /// "auto" (cuda when LibTorch sees a GPU, else cpu), "cpu", "cuda" or "gpu" (both mean cuda).
 /// `tpu`, `mps`, `ddp2`, `horovod`, `ipu`, `hpu` are Lightning names that do not apply to
 /// LibTorch: the error says what to use instead. `cuda_device_count` is injected for tests.
-std::string parse_accelerator(const std::string& spec, int cuda_device_count);
+Accelerator parse_accelerator(const std::string& spec, int cuda_device_count);
 
 /// Number of CPU processes for `--devices` with the cpu accelerator: "auto" -> 1, "N" -> N (N>0).
 int parse_cpu_devices(const std::string& spec);
@@ -26,7 +32,11 @@ int parse_cpu_devices(const std::string& spec);
 std::vector<int> parse_gpu_ids(const std::string& spec, int visible);
 
 /// Number of processes per node that `devices` means for `accelerator` (cpu or cuda).
-int devices_per_node(const std::string& accelerator, const std::string& spec, int cuda_device_count);
+int devices_per_node(Accelerator accelerator, const std::string& spec, int cuda_device_count);
+
+/// With auto_select_gpus, the GPU ids the process that picked them hands to the processes it
+/// launches ("1,3"), so that every rank of the node uses the same devices without probing again.
+constexpr const char* kSelectedGpusVariable = "LOCKSTEP_SELECTED_GPUS";
 
 /// Number of CUDA devices this LibTorch sees (0 on a CPU-only build).
 int cuda_device_count();
@@ -41,9 +51,9 @@ using DeviceProbe = std::function<bool(int id)>;
 bool probe_cuda_device(int id);
 
 /// Fewer free CUDA devices than asked for, right now; select_gpu_ids retries on it.
-class DeviceBusyError : public std::runtime_error {
+class DeviceBusyError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit DeviceBusyError(const std::string& message) : Error(ErrorKind::environment, message) {}
 };
 
 /// The `count` lowest ids among 0..visible-1 that `probe` accepts, each probed at most once

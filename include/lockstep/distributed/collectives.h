@@ -18,7 +18,7 @@ namespace distributed {
 /// How all_reduce combines the ranks' values. `mean` is the default, as in Lightning Fabric.
 enum class ReduceOp { sum, mean, max, min, product };
 
-/// "sum|mean|max|min|product" (also "avg"); anything else throws std::invalid_argument naming
+/// "sum|mean|max|min|product" (also "avg"); anything else throws UsageError naming
 /// the valid ones.
 ReduceOp parse_reduce_op(const std::string& name);
 std::string to_string(ReduceOp op);

@@ -12,6 +12,7 @@
 
 #include <c10/util/intrusive_ptr.h>
 
+#include <lockstep/core/error.h>
 #include <lockstep/distributed/process_group_options.h>
 
 namespace c10d {
@@ -24,9 +25,9 @@ namespace distributed {
 
 /// A blocking distributed call that did not complete: it names the operation, the rank and
 /// the timeout, and says what to check.
-class DistributedError : public std::runtime_error {
+class DistributedError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit DistributedError(const std::string& message) : Error(ErrorKind::distributed, message) {}
 };
 
 /// The ranks of one job (or of a subgroup of it) and their backend.

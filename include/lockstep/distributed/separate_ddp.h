@@ -18,6 +18,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <lockstep/distributed/ddp.h>
+#include <lockstep/core/error.h>
 
 namespace lockstep {
 namespace distributed {
@@ -111,18 +112,18 @@ class SeparateDDP {
       : SeparateDDP(module.ptr(), group, std::move(options), std::move(device_ids)) {}
 
   /// Child `name` as a forward callable of its own type (the Impl class); throws
-  /// std::invalid_argument if there is no such child or it is not a `ModuleType`.
+  /// UsageError if there is no such child or it is not a `ModuleType`.
   template <typename ModuleType>
   SeparateDDPChild<ModuleType> module(const std::string& name) const {
     auto child = std::dynamic_pointer_cast<ModuleType>(child_module(name));
     if (!child) {
-      throw std::invalid_argument("SeparateDDP: child '" + name + "' is a " + child_module(name)->name() +
+      throw UsageError("SeparateDDP: child '" + name + "' is a " + child_module(name)->name() +
                                   ", not a " + c10::demangle_type<ModuleType>() + ".");
     }
     return SeparateDDPChild<ModuleType>(std::move(child), find_ddp(name), device_);
   }
   /// The DistributedDataParallel of child `name` (for no_sync(), join(), traces); throws
-  /// std::invalid_argument for a child without parameters, which has none.
+  /// UsageError for a child without parameters, which has none.
   DistributedDataParallelBase& ddp(const std::string& name) const;
   /// For code that calls the children directly (`gan->generator(z)`) rather than through
   /// module<Type>(), the two halves of what those calls do:

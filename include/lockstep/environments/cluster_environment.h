@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <lockstep/core/error.h>
+#include <lockstep/distributed/placement.h>
 #include <lockstep/distributed/process_group_options.h>
 
 namespace lockstep {
@@ -40,9 +42,9 @@ class Environ {
 
 /// Thrown for a half-set or contradictory environment; `what()` says what was wrong,
 /// what was given and how to fix it. Binaries turn it into exit code 2.
-class EnvironmentError : public std::runtime_error {
+class EnvironmentError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit EnvironmentError(const std::string& message) : Error(ErrorKind::environment, message) {}
 };
 
 /// Where this process sits in a job and how to reach rank 0.
@@ -55,22 +57,18 @@ class ClusterEnvironment {
   /// True when a scheduler (torchrun, srun, mpirun, ...) started every process already,
   /// so Lockstep must not launch any.
   virtual bool creates_processes_externally() const = 0;
-  virtual std::string main_address() const = 0;
-  virtual int main_port() const = 0;
-  virtual int world_size() const = 0;
-  virtual int global_rank() const = 0;
-  virtual int local_rank() const = 0;
-  virtual int node_rank() const = 0;
-  /// True when the launcher's agent already hosts the rendezvous store at main_address():
-  /// main_port(), so that every rank, rank 0 included, joins it as a client (torchrun's static
-  /// rendezvous). Default: false (rank 0 hosts the store).
-  virtual bool use_agent_store() const { return false; }
-  /// How many times the launcher has restarted the workers; with use_agent_store() the ranks of
-  /// each attempt meet under their own keys. Default: 0.
-  virtual int restart_count() const { return 0; }
-  /// The rendezvous file of a job on one machine (see ProcessGroupOptions::store_file), or ""
-  /// for a TCPStore at main_address():main_port(). Default: "".
-  virtual std::string store_file() const { return ""; }
+  /// Where this process sits, as read at construction.
+  const distributed::Placement& placement() const { return placement_; }
+  const std::string& main_address() const { return placement_.main_address; }
+  int main_port() const { return placement_.main_port; }
+  int world_size() const { return placement_.world_size; }
+  int global_rank() const { return placement_.global_rank; }
+  int local_rank() const { return placement_.local_rank; }
+  int node_rank() const { return placement_.node_rank; }
+  /// See distributed::Placement: false, 0 and "" except where an environment says otherwise.
+  bool use_agent_store() const { return placement_.use_agent_store; }
+  int restart_count() const { return placement_.restart_count; }
+  const std::string& store_file() const { return placement_.store_file; }
   /// What ProcessGroup::init needs to join this job's ranks: rank, world size, main address and
   /// port, and the launcher's store where it hosts one. Backend and timeout stay at their defaults.
   distributed::ProcessGroupOptions process_group_options() const;
@@ -78,7 +76,10 @@ class ClusterEnvironment {
   virtual void validate_settings(int /*devices*/, int /*num_nodes*/) const {}
   /// One line for logs and `lockstep env`, e.g.
   /// "slurm: global rank 5 of 8, local rank 1, node rank 1, main node01:15042".
-  virtual std::string describe() const;
+  std::string describe() const;
+
+ protected:
+  distributed::Placement placement_;  // filled by each environment's constructor
 };
 
 /// The environment that applies, in the documented order: torchelastic, slurm, lsf, mpi,

@@ -29,22 +29,11 @@ class KubeflowEnvironment : public ClusterEnvironment {
 
   std::string name() const override { return "kubeflow"; }
   bool creates_processes_externally() const override { return true; }
-  std::string main_address() const override { return main_address_; }
-  int main_port() const override { return main_port_; }
-  int world_size() const override { return world_size_; }
-  int global_rank() const override { return global_rank_; }
-  int local_rank() const override { return 0; }
-  int node_rank() const override { return global_rank_; }
 
   /// One process per pod: `devices` must be 1 and `num_nodes` must equal WORLD_SIZE; otherwise
   /// EnvironmentError naming --devices / --num-nodes (or torchrun inside the pod).
   void validate_settings(int devices, int num_nodes) const override;
 
- private:
-  std::string main_address_;
-  int main_port_ = 0;
-  int world_size_ = 0;
-  int global_rank_ = 0;
 };
 
 }  // namespace environments

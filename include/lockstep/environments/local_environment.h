@@ -31,20 +31,7 @@ class LocalEnvironment : public ClusterEnvironment {
 
   std::string name() const override { return "local"; }
   bool creates_processes_externally() const override { return false; }
-  std::string main_address() const override { return main_address_; }
-  int main_port() const override { return main_port_; }
-  int world_size() const override { return world_size_; }
-  int global_rank() const override { return global_rank_; }
-  int local_rank() const override { return local_rank_; }
-  int node_rank() const override { return node_rank_; }
 
- private:
-  std::string main_address_;
-  int main_port_ = 0;
-  int world_size_ = 1;
-  int global_rank_ = 0;
-  int local_rank_ = 0;
-  int node_rank_ = 0;
 };
 
 /// A TCP port that is free on 127.0.0.1 right now (the kernel's pick for port 0).

@@ -35,12 +35,6 @@ class LSFEnvironment : public ClusterEnvironment {
 
   std::string name() const override { return "lsf"; }
   bool creates_processes_externally() const override { return true; }
-  std::string main_address() const override { return main_address_; }
-  int main_port() const override { return main_port_; }
-  int world_size() const override { return world_size_; }
-  int global_rank() const override { return global_rank_; }
-  int local_rank() const override { return local_rank_; }
-  int node_rank() const override { return node_rank_; }
   /// The distinct compute hosts of the rank file, in order of first appearance.
   const std::vector<std::string>& hosts() const { return hosts_; }
 
@@ -51,12 +45,6 @@ class LSFEnvironment : public ClusterEnvironment {
 
  private:
   std::vector<std::string> hosts_;
-  std::string main_address_;
-  int main_port_ = 0;
-  int world_size_ = 0;
-  int global_rank_ = 0;
-  int local_rank_ = 0;
-  int node_rank_ = 0;
 };
 
 /// The compute hosts of an LSF rank file, one entry per line as written (blank lines dropped),

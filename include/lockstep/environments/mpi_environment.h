@@ -40,14 +40,8 @@ class MPIEnvironment : public ClusterEnvironment {
 
   std::string name() const override { return "mpi"; }
   bool creates_processes_externally() const override { return true; }
-  std::string main_address() const override { return main_address_; }
-  int main_port() const override { return main_port_; }
-  int world_size() const override { return world_size_; }
-  int global_rank() const override { return global_rank_; }
-  int local_rank() const override { return local_rank_; }
-  int node_rank() const override { return node_rank_; }
   /// Number of processes of this job on this node.
-  int local_world_size() const { return local_world_size_; }
+  int local_world_size() const { return placement_.local_world_size; }
   /// "openmpi" or "mpich" (MPICH, Intel MPI and other PMI launchers).
   const std::string& flavor() const { return flavor_; }
 
@@ -57,13 +51,6 @@ class MPIEnvironment : public ClusterEnvironment {
 
  private:
   std::string flavor_;
-  std::string main_address_;
-  int main_port_ = 0;
-  int world_size_ = 0;
-  int global_rank_ = 0;
-  int local_rank_ = 0;
-  int local_world_size_ = 0;
-  int node_rank_ = 0;
 };
 
 }  // namespace environments

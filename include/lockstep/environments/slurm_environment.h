@@ -37,12 +37,6 @@ class SLURMEnvironment : public ClusterEnvironment {
 
   std::string name() const override { return "slurm"; }
   bool creates_processes_externally() const override { return true; }
-  std::string main_address() const override { return main_address_; }
-  int main_port() const override { return main_port_; }
-  int world_size() const override { return world_size_; }
-  int global_rank() const override { return global_rank_; }
-  int local_rank() const override { return local_rank_; }
-  int node_rank() const override { return node_rank_; }
 
   /// SLURM_NTASKS_PER_NODE (when set) must equal `devices`, SLURM_STEP_NUM_NODES (else
   /// SLURM_NNODES, when set) must equal `num_nodes`, and SLURM_NTASKS must equal
@@ -51,12 +45,6 @@ class SLURMEnvironment : public ClusterEnvironment {
   void validate_settings(int devices, int num_nodes) const override;
 
  private:
-  std::string main_address_;
-  int main_port_ = 0;
-  int world_size_ = 0;
-  int global_rank_ = 0;
-  int local_rank_ = 0;
-  int node_rank_ = 0;
   std::optional<int> ntasks_per_node_;
   std::optional<int> nnodes_;
   std::optional<int> step_nnodes_;

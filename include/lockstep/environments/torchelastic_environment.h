@@ -26,38 +26,20 @@ class TorchElasticEnvironment : public ClusterEnvironment {
   /// Throws EnvironmentError when a variable is missing, not an integer, or out of range.
   explicit TorchElasticEnvironment(const Environ& env);
 
+  /// A worker that Lockstep's launcher started: the placement it handed over (the same values
+  /// as the variables it sets for a re-executed worker).
+  explicit TorchElasticEnvironment(const distributed::Placement& placement);
+
   static bool detect(const Environ& env);
 
   std::string name() const override { return "torchelastic"; }
   bool creates_processes_externally() const override { return true; }
-  std::string main_address() const override { return main_address_; }
-  int main_port() const override { return main_port_; }
-  int world_size() const override { return world_size_; }
-  int global_rank() const override { return global_rank_; }
-  int local_rank() const override { return local_rank_; }
-  int node_rank() const override { return node_rank_; }
-  bool use_agent_store() const override { return use_agent_store_; }
-  int restart_count() const override { return restart_count_; }
-  /// LOCKSTEP_STORE_FILE, which Lockstep's launchers set for a job on one machine.
-  std::string store_file() const override { return store_file_; }
   /// Number of workers torchrun started on this node (LOCAL_WORLD_SIZE).
-  int local_world_size() const { return local_world_size_; }
+  int local_world_size() const { return placement_.local_world_size; }
 
   /// LOCAL_WORLD_SIZE must equal `devices` and WORLD_SIZE must equal devices * num_nodes;
   /// otherwise EnvironmentError saying which --devices / --num-nodes to use.
   void validate_settings(int devices, int num_nodes) const override;
-
- private:
-  std::string main_address_;
-  int main_port_ = 0;
-  int world_size_ = 0;
-  int global_rank_ = 0;
-  int local_rank_ = 0;
-  int local_world_size_ = 0;
-  int node_rank_ = 0;
-  bool use_agent_store_ = false;
-  int restart_count_ = 0;
-  std::string store_file_;
 };
 
 }  // namespace environments

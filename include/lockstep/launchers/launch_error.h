@@ -1,7 +1,9 @@
 #pragma once
 /// LaunchError: a launch that is configured wrong or cannot start.
 
-#include <stdexcept>
+#include <string>
+
+#include <lockstep/core/error.h>
 
 namespace lockstep {
 namespace launchers {
@@ -9,9 +11,9 @@ namespace launchers {
 /// Thrown before any worker process starts: bad launch options, a program that does not exist or
 /// cannot be executed, a launcher used in a process that cannot host it. `what()` says what was
 /// wrong, what was given and how to fix it. Binaries turn it into exit code 2.
-class LaunchError : public std::runtime_error {
+class LaunchError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit LaunchError(const std::string& message) : Error(ErrorKind::launch, message) {}
 };
 
 }  // namespace launchers

@@ -2,6 +2,7 @@
 /// LaunchOptions: how many worker processes to start on this node and how they find each other.
 
 #include <chrono>
+#include <map>
 #include <string>
 
 namespace lockstep {
@@ -38,6 +39,12 @@ class LaunchOptions {
   /// In-process launchers (subprocess, fork): how long local rank 0 waits at its exit for the
   /// other workers before terminating them. Default: 60000 ms.
   LaunchOptions& exit_timeout(std::chrono::milliseconds value) { exit_timeout_ = value; return *this; }
+  /// A variable for every worker beyond the launcher's own (which win on a clash), e.g. the GPUs
+  /// that rank 0 picked. Default: none.
+  LaunchOptions& worker_variable(std::string name, std::string value) {
+    worker_variables_[std::move(name)] = std::move(value);
+    return *this;
+  }
 
   int nproc_per_node() const { return nproc_per_node_; }
   int nnodes() const { return nnodes_; }
@@ -48,6 +55,7 @@ class LaunchOptions {
   const std::string& run_id() const { return run_id_; }
   const std::string& log_dir() const { return log_dir_; }
   std::chrono::milliseconds exit_timeout() const { return exit_timeout_; }
+  const std::map<std::string, std::string>& worker_variables() const { return worker_variables_; }
 
   /// Workers in the whole job: nproc_per_node * nnodes.
   int world_size() const { return nproc_per_node_ * nnodes_; }
@@ -67,6 +75,7 @@ class LaunchOptions {
   std::string run_id_;
   std::string log_dir_;
   std::chrono::milliseconds exit_timeout_{60000};
+  std::map<std::string, std::string> worker_variables_;
 };
 
 }  // namespace launchers

@@ -1,22 +1,27 @@
 #pragma once
 /// The Launcher interface: turns one process into the N worker processes of this node.
 
+#include <optional>
 #include <string>
+
+#include <lockstep/distributed/placement.h>
 
 namespace lockstep {
 namespace launchers {
 
-/// Starts the other local worker processes. `launch()` returns in every worker (the calling
-/// process becomes local rank 0) with the torchrun variables (RANK, LOCAL_RANK, WORLD_SIZE,
-/// GROUP_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...) set in its environment, so
-/// environment detection afterwards sees a torchelastic-style job. The launcher supervises the
-/// workers it started: when one exits non-zero the others are terminated (SIGTERM, then SIGKILL)
-/// and the whole job exits with that worker's code; no worker outlives the job.
+/// Starts the other local worker processes. `launch()` returns in every worker that continues from
+/// the call (the calling process becomes local rank 0) with that worker's placement; a worker
+/// that starts from main() (a re-executed one) finds the torchrun variables (RANK, LOCAL_RANK,
+/// WORLD_SIZE, GROUP_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...) in its environment,
+/// where environment detection sees a torchelastic-style job, and its `launch()` returns nullopt.
+/// The launcher supervises the workers it started: when one exits non-zero the others are
+/// terminated (SIGTERM, then SIGKILL) and the whole job exits with that worker's code; no worker
+/// outlives the job.
 class Launcher {
  public:
   virtual ~Launcher() = default;
   virtual std::string name() const = 0;
-  virtual void launch() = 0;
+  virtual std::optional<distributed::Placement> launch() = 0;
 };
 
 /// For local rank 0 of a job this process launched (subprocess or fork launcher), when it fails

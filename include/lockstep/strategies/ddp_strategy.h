@@ -9,6 +9,7 @@
 
 #include <lockstep/distributed/ddp.h>
 #include <lockstep/distributed/process_group.h>
+#include <lockstep/launchers/local_launcher.h>
 #include <lockstep/strategies/strategy.h>
 
 namespace lockstep {
@@ -68,7 +69,7 @@ class DDPStrategy : public Strategy {
 
  private:
   distributed::DDPOptions ddp_options_;
-  std::string start_method_;
+  launchers::StartMethod start_method_;
   std::string name_;
   std::shared_ptr<distributed::ProcessGroup> group_;
   std::shared_ptr<distributed::DistributedDataParallelBase> ddp_;

@@ -11,6 +11,7 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include <lockstep/accelerators/device_parser.h>
 #include <lockstep/core/batch.h>
 #include <lockstep/distributed/collectives.h>
 #include <lockstep/launchers/launcher.h>
@@ -26,8 +27,7 @@ namespace strategies {
 /// What the connector resolved before the strategy starts.
 struct StrategyContext {
   std::shared_ptr<environments::ClusterEnvironment> environment;
-  /// "cpu" or "cuda".
-  std::string accelerator = "cpu";
+  accelerators::Accelerator accelerator = accelerators::Accelerator::cpu;
   /// Processes per node (CPU) or the GPU ids of this node (CUDA).
   int devices_per_node = 1;
   std::vector<int> gpu_ids;

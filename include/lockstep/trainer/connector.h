@@ -15,21 +15,13 @@
 
 namespace lockstep {
 
-/// Everything the Trainer runs with.
+/// Everything the Trainer runs with; decided once, not changed afterwards.
 struct ExecutionPlan {
-  std::shared_ptr<environments::ClusterEnvironment> environment;
-  std::string accelerator;             ///< "cpu" or "cuda"
-  int devices_per_node = 1;            ///< processes on this node
-  std::vector<int> gpu_ids;            ///< cuda only
-  int num_nodes = 1;
-  Precision precision;                 ///< chosen once from --precision
-  std::string process_group_backend;   ///< gloo, nccl or mpi
+  /// Environment, accelerator, devices, nodes, backend, timeout: what the strategy is set with.
+  strategies::StrategyContext context;
+  Precision precision;  ///< chosen once from --precision
   std::shared_ptr<strategies::Strategy> strategy;
 };
-
-/// With auto_select_gpus, the GPU ids the process that picked them hands to the processes it
-/// launches ("1,3"), so that every rank of the node uses the same devices without probing again.
-constexpr const char* kSelectedGpusVariable = "LOCKSTEP_SELECTED_GPUS";
 
 /// Resolves the plan in order: environment, accelerator, devices, the scheduler's consistency,
 /// precision, backend, strategy. `strategy` overrides options.strategy() when given (a Strategy
@@ -38,5 +30,10 @@ constexpr const char* kSelectedGpusVariable = "LOCKSTEP_SELECTED_GPUS";
 ExecutionPlan resolve_plan(const TrainerOptions& options, const environments::Environ& environ,
                            std::shared_ptr<strategies::Strategy> strategy = nullptr, int cuda_device_count = 0,
                            const accelerators::DeviceProbe& probe = accelerators::probe_cuda_device);
+
+/// The plan of a process that `plan`'s launcher started at `placement`: the same decisions, in
+/// the torchelastic-style environment that a re-executed worker detects from its variables.
+/// Sets the strategy's context.
+ExecutionPlan launched_plan(ExecutionPlan plan, const distributed::Placement& placement);
 
 }  // namespace lockstep

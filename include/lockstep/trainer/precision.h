@@ -7,6 +7,7 @@
 #include <c10/core/ScalarType.h>
 #include <torch/nn/module.h>
 
+#include <lockstep/accelerators/device_parser.h>
 #include <lockstep/core/batch.h>
 
 namespace lockstep {
@@ -16,9 +17,9 @@ class Precision {
   enum class Kind { true_32, true_64, bf16_mixed };
 
   /// "32", "32-true" -> 32-true; "64" -> 64-true; "bf16", "bf16-mixed" -> bf16-mixed. A
-  /// UsageError for unknown names and for what `accelerator` ("cpu", "cuda") cannot run yet
+  /// UsageError for unknown names and for what `accelerator` cannot run yet
   /// (16-mixed anywhere, mixed precision on CUDA): refused, never float32 under another name.
-  static Precision parse(const std::string& name, const std::string& accelerator);
+  static Precision parse(const std::string& name, accelerators::Accelerator accelerator);
 
   Precision() = default;  // 32-true
   Kind kind() const { return kind_; }

@@ -8,7 +8,7 @@
 #include <torch/cuda.h>
 #include <torch/types.h>
 
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 
 namespace lockstep {
 namespace accelerators {
@@ -75,7 +75,9 @@ std::string join(const std::vector<int>& ids) {
 
 }  // namespace
 
-std::string parse_accelerator(const std::string& spec, int cuda_device_count) {
+std::string to_string(Accelerator accelerator) { return accelerator == Accelerator::cuda ? "cuda" : "cpu"; }
+
+Accelerator parse_accelerator(const std::string& spec, int cuda_device_count) {
   static const std::map<std::string, std::string> not_for_libtorch{
       {"tpu", "TPUs need torch_xla, which has no C++ frontend"},
       {"mps", "Apple's MPS backend is not in Debian's LibTorch"},
@@ -89,15 +91,15 @@ std::string parse_accelerator(const std::string& spec, int cuda_device_count) {
       {"horovod", "Horovod is a strategy, not an accelerator, and Lockstep uses c10d instead"},
   };
   const std::string name = lower(trim(spec));
-  if (name == "auto") return cuda_device_count > 0 ? "cuda" : "cpu";
-  if (name == "cpu") return "cpu";
+  if (name == "auto") return cuda_device_count > 0 ? Accelerator::cuda : Accelerator::cpu;
+  if (name == "cpu") return Accelerator::cpu;
   if (name == "cuda" || name == "gpu") {
     if (cuda_device_count == 0) {
       throw UsageError("--accelerator " + spec +
                        " needs CUDA, but this LibTorch sees no CUDA device (Debian's libtorch is a "
                        "CPU build). Use --accelerator cpu (or auto).");
     }
-    return "cuda";
+    return Accelerator::cuda;
   }
   const auto it = not_for_libtorch.find(name);
   if (it != not_for_libtorch.end()) {
@@ -159,8 +161,8 @@ std::vector<int> parse_gpu_ids(const std::string& spec, int visible) {
   return ids;
 }
 
-int devices_per_node(const std::string& accelerator, const std::string& spec, int cuda_device_count) {
-  if (accelerator == "cuda") return static_cast<int>(parse_gpu_ids(spec, cuda_device_count).size());
+int devices_per_node(Accelerator accelerator, const std::string& spec, int cuda_device_count) {
+  if (accelerator == Accelerator::cuda) return static_cast<int>(parse_gpu_ids(spec, cuda_device_count).size());
   return parse_cpu_devices(spec);
 }
 

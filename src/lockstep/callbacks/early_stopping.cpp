@@ -5,7 +5,7 @@
 #include <limits>
 
 #include <lockstep/callbacks/metric_format.h>
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 
 namespace lockstep {
 namespace {

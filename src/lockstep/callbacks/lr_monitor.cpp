@@ -6,7 +6,7 @@
 #include <torch/optim.h>
 
 #include <lockstep/core/training_module.h>
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 
 namespace lockstep {
 namespace {

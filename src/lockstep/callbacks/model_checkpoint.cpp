@@ -11,7 +11,7 @@
 #include <stdexcept>
 
 #include <lockstep/callbacks/metric_format.h>
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 
 namespace lockstep {
 namespace {

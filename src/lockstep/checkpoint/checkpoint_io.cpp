@@ -16,7 +16,7 @@
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/serialize.h>
 
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 
 #include "zip_check.h"
 

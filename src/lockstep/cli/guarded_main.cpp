@@ -4,10 +4,7 @@
 
 #include <c10/util/Exception.h>
 
-#include <lockstep/core/usage_error.h>
-#include <lockstep/distributed/process_group.h>
-#include <lockstep/environments/cluster_environment.h>
-#include <lockstep/launchers/launch_error.h>
+#include <lockstep/core/error.h>
 #include <lockstep/launchers/launcher.h>
 
 namespace lockstep {
@@ -18,15 +15,9 @@ namespace {
 int run_guarded(const std::string& program, const std::function<int()>& body) {
   try {
     return body();
-  } catch (const UsageError& e) {
+  } catch (const Error& e) {
     std::cerr << program << ": error: " << e.what() << std::endl;
-  } catch (const environments::EnvironmentError& e) {
-    std::cerr << program << ": error: " << e.what() << std::endl;
-  } catch (const launchers::LaunchError& e) {
-    std::cerr << program << ": error: " << e.what() << std::endl;
-  } catch (const distributed::DistributedError& e) {
-    std::cerr << program << ": error: " << e.what() << std::endl;
-    return 1;
+    return e.exit_code();
   } catch (const c10::Error& e) {
     std::cerr << program << ": error: " << e.what_without_backtrace() << std::endl;
     return 1;
@@ -34,7 +25,6 @@ int run_guarded(const std::string& program, const std::function<int()>& body) {
     std::cerr << program << ": error: " << e.what() << std::endl;
     return 1;
   }
-  return 2;
 }
 
 }  // namespace

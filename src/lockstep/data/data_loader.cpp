@@ -4,7 +4,7 @@
 
 #include <torch/torch.h>
 
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 
 namespace lockstep {
 

@@ -11,7 +11,7 @@
 
 #include <torch/torch.h>
 
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 
 namespace lockstep {
 namespace data {

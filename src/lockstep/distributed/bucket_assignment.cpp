@@ -1,4 +1,5 @@
 #include <lockstep/distributed/bucket_assignment.h>
+#include <lockstep/core/error.h>
 
 #include <algorithm>
 #include <map>
@@ -26,7 +27,7 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<at::Tensor>& t
   for (size_t k = 0; k < order.size(); ++k) {
     const size_t i = order[k];
     if (i >= tensors.size() || position[i] != tensors.size()) {
-      throw std::invalid_argument("assign_buckets: order must list each of the " + std::to_string(tensors.size()) +
+      throw UsageError("assign_buckets: order must list each of the " + std::to_string(tensors.size()) +
                                   " tensors once; index " + std::to_string(i) + " is out of range or repeated.");
     }
     position[i] = k;
@@ -40,7 +41,7 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<at::Tensor>& t
     }
   }
   if (order.size() != tensors.size()) {
-    throw std::invalid_argument("assign_buckets: order lists " + std::to_string(order.size()) + " of " +
+    throw UsageError("assign_buckets: order lists " + std::to_string(order.size()) + " of " +
                                 std::to_string(tensors.size()) + " tensors; it must list each once.");
   }
   for (auto& entry : open) {

@@ -1,4 +1,5 @@
 #include <lockstep/distributed/collectives.h>
+#include <lockstep/core/error.h>
 
 #include <map>
 #include <sstream>
@@ -69,7 +70,7 @@ std::string broadcast_bytes(ProcessGroup& group, std::string bytes, int src,
 
 void check_source(const ProcessGroup& group, int src) {
   if (src < 0 || src >= group.world_size()) {
-    throw std::invalid_argument(group.describe() + ": broadcast from src=" + std::to_string(src) +
+    throw UsageError(group.describe() + ": broadcast from src=" + std::to_string(src) +
                                 ", outside 0.." + std::to_string(group.world_size() - 1) + ".");
   }
 }
@@ -82,7 +83,7 @@ ReduceOp parse_reduce_op(const std::string& name) {
                                                    {"min", ReduceOp::min},   {"product", ReduceOp::product}};
   const auto it = ops.find(name);
   if (it == ops.end()) {
-    throw std::invalid_argument("reduce op '" + name + "' is unknown: use sum, mean, max, min or product.");
+    throw UsageError("reduce op '" + name + "' is unknown: use sum, mean, max, min or product.");
   }
   return it->second;
 }
@@ -100,12 +101,12 @@ std::string to_string(ReduceOp op) {
 
 at::Tensor all_reduce(ProcessGroup& group, at::Tensor tensor, ReduceOp op, const CollectiveOptions& options) {
   if (op == ReduceOp::mean && !at::isFloatingType(tensor.scalar_type())) {
-    throw std::invalid_argument(group.describe() + ": all_reduce mean of a " +
+    throw UsageError(group.describe() + ": all_reduce mean of a " +
                                 std::string(c10::toString(tensor.scalar_type())) +
                                 " tensor: convert it to float first, or use ReduceOp::sum.");
   }
   if (!tensor.is_contiguous()) {
-    throw std::invalid_argument(group.describe() + ": all_reduce needs a contiguous tensor; call .contiguous() first.");
+    throw UsageError(group.describe() + ": all_reduce needs a contiguous tensor; call .contiguous() first.");
   }
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions ao;

@@ -9,6 +9,7 @@
 
 #include <lockstep/distributed/collectives.h>
 #include <lockstep/distributed/sync_batchnorm.h>
+#include <lockstep/core/error.h>
 
 namespace lockstep {
 namespace distributed {
@@ -44,9 +45,9 @@ NoSyncGuard::~NoSyncGuard() { ddp_.set_require_backward_grad_sync(previous_); }
 DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module, ProcessGroup& group,
                                                          DDPOptions options)
     : module_(std::move(module)), group_(group), options_(std::move(options)) {
-  if (!module_) throw std::invalid_argument("DistributedDataParallel: the module is null.");
+  if (!module_) throw UsageError("DistributedDataParallel: the module is null.");
   if (options_.bucket_cap_mb() <= 0 || options_.first_bucket_mb() <= 0) {
-    throw std::invalid_argument("DDPOptions: bucket_cap_mb and first_bucket_mb must be positive (given " +
+    throw UsageError("DDPOptions: bucket_cap_mb and first_bucket_mb must be positive (given " +
                                 std::to_string(options_.bucket_cap_mb()) + " and " +
                                 std::to_string(options_.first_bucket_mb()) + ").");
   }
@@ -170,7 +171,7 @@ void DistributedDataParallelBase::finish_forward_tensors(const std::vector<at::T
                                                          const std::string& outputs_type) {
   const bool needs_outputs = options_.find_unused_parameters() || options_.static_graph();
   if (require_backward_grad_sync_ && needs_outputs && !outputs_known && at::GradMode::is_enabled()) {
-    throw std::invalid_argument(
+    throw UsageError(
         "DistributedDataParallel with find_unused_parameters or static_graph needs the tensors that forward "
         "returns, but cannot look into a " + outputs_type +
         ". Call ddp.prepare_forward(), then the module's forward, then "

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <lockstep/distributed/collectives.h>
+#include <lockstep/core/error.h>
 
 namespace lockstep {
 namespace distributed {
@@ -67,11 +68,11 @@ c10::optional<JoinState> Joinable::notify_join_context() {
 
 Join::Join(std::vector<Joinable*> joinables, JoinOptions options)
     : joinables_(std::move(joinables)), options_(std::move(options)), exceptions_at_entry_(std::uncaught_exceptions()) {
-  if (joinables_.empty()) throw std::invalid_argument("Join needs at least one joinable (e.g. Join({&ddp})).");
+  if (joinables_.empty()) throw UsageError("Join needs at least one joinable (e.g. Join({&ddp})).");
   for (auto* joinable : joinables_) {
-    if (!joinable) throw std::invalid_argument("Join: a joinable is null.");
+    if (!joinable) throw UsageError("Join: a joinable is null.");
     if (joinable->join_) {
-      throw std::invalid_argument("Join: a joinable is already inside another Join; nest no Joins over the same object.");
+      throw UsageError("Join: a joinable is already inside another Join; nest no Joins over the same object.");
     }
   }
   for (auto* joinable : joinables_) joinable->join_ = this;

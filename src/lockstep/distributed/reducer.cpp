@@ -18,6 +18,7 @@
 
 #include <lockstep/distributed/bucket_assignment.h>
 #include <lockstep/distributed/collectives.h>
+#include <lockstep/core/error.h>
 
 namespace lockstep {
 namespace distributed {
@@ -69,14 +70,14 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
       options_(std::move(options)),
       transport_(std::move(transport)) {
   if (names_.size() != params_.size()) {
-    throw std::invalid_argument("Reducer: " + std::to_string(params_.size()) + " parameters but " +
+    throw UsageError("Reducer: " + std::to_string(params_.size()) + " parameters but " +
                                 std::to_string(names_.size()) + " names.");
   }
-  if (!options_.comm_hook()) throw std::invalid_argument("DDPOptions::comm_hook is empty; leave the default or pass a hook.");
-  if (!transport_) throw std::invalid_argument("Reducer: no transport; pass choose_gradient_transport(...).");
+  if (!options_.comm_hook()) throw UsageError("DDPOptions::comm_hook is empty; leave the default or pass a hook.");
+  if (!transport_) throw UsageError("Reducer: no transport; pass choose_gradient_transport(...).");
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!params_[i].requires_grad() || !params_[i].is_leaf()) {
-      throw std::invalid_argument("Reducer: parameter '" + names_[i] +
+      throw UsageError("Reducer: parameter '" + names_[i] +
                                   "' is not a leaf tensor that requires grad; only those can be reduced.");
     }
   }

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <lockstep/distributed/reducer.h>
+#include <lockstep/core/error.h>
 
 namespace lockstep {
 namespace distributed {
@@ -21,7 +22,7 @@ std::string list(const std::vector<c10::Device>& devices) {
 
 c10::Device choose_device(const torch::nn::Module& module, const std::vector<c10::Device>& device_ids) {
   if (device_ids.size() > 1) {
-    throw std::invalid_argument(
+    throw UsageError(
         "SeparateDDP supports one device per process, but got " + std::to_string(device_ids.size()) +
         " device_ids (" + list(device_ids) + "). Start one process per device (e.g. --devices " +
         std::to_string(device_ids.size()) + " with the ddp strategy) and give each its own device.");
@@ -32,7 +33,7 @@ c10::Device choose_device(const torch::nn::Module& module, const std::vector<c10
   }
   const auto device = device_ids.front();
   if (device.is_cuda() && !torch::cuda::is_available()) {
-    throw std::invalid_argument("SeparateDDP: device " + device.str() +
+    throw UsageError("SeparateDDP: device " + device.str() +
                                 " was asked for, but this LibTorch sees no CUDA device. Use the CPU (device_ids "
                                 "{torch::kCPU} or empty).");
   }
@@ -53,11 +54,11 @@ bool depends_on_any(const std::unordered_set<const torch::autograd::Node*>& reac
 SeparateDDP::SeparateDDP(std::shared_ptr<torch::nn::Module> module, ProcessGroup& group, DDPOptions options,
                          std::vector<c10::Device> device_ids)
     : module_(std::move(module)), device_(c10::kCPU) {
-  if (!module_) throw std::invalid_argument("SeparateDDP: the module is null.");
+  if (!module_) throw UsageError("SeparateDDP: the module is null.");
   device_ = choose_device(*module_, device_ids);
   const auto own = module_->named_parameters(/*recurse=*/false);
   if (!own.is_empty()) {
-    throw std::invalid_argument("SeparateDDP wraps each child module in its own DistributedDataParallel, but the "
+    throw UsageError("SeparateDDP wraps each child module in its own DistributedDataParallel, but the "
                                 "root module has parameters of its own ('" + own.begin()->key() +
                                 "'), which no wrapper would synchronise. Move them into a child module.");
   }
@@ -70,7 +71,7 @@ SeparateDDP::SeparateDDP(std::shared_ptr<torch::nn::Module> module, ProcessGroup
   }
   for (const auto& p : module_->parameters()) {
     if (p.device() != device_) {
-      throw std::invalid_argument("SeparateDDP: after moving the module to " + device_.str() +
+      throw UsageError("SeparateDDP: after moving the module to " + device_.str() +
                                   ", a parameter is still on " + p.device().str() + "; one device per process.");
     }
   }
@@ -81,7 +82,7 @@ const std::shared_ptr<torch::nn::Module>& SeparateDDP::child_module(const std::s
   if (it != children_.end()) return it->second;
   std::string known;
   for (const auto& n : names_) known += (known.empty() ? "" : ", ") + n;
-  throw std::invalid_argument("SeparateDDP: the module has no child '" + name + "'; its children are: " + known + ".");
+  throw UsageError("SeparateDDP: the module has no child '" + name + "'; its children are: " + known + ".");
 }
 
 DistributedDataParallelBase* SeparateDDP::find_ddp(const std::string& name) const {
@@ -112,7 +113,7 @@ void SeparateDDP::set_require_backward_grad_sync(bool enabled) const {
 DistributedDataParallelBase& SeparateDDP::ddp(const std::string& name) const {
   auto* wrapped = find_ddp(name);
   if (!wrapped) {
-    throw std::invalid_argument("SeparateDDP: child '" + name +
+    throw UsageError("SeparateDDP: child '" + name +
                                 "' has no parameters, so it is not wrapped in a DistributedDataParallel (it was only "
                                 "moved to the device). Call it through module<Type>(\"" + name + "\").");
   }

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <lockstep/distributed/collectives.h>
+#include <lockstep/core/error.h>
 
 namespace lockstep {
 namespace distributed {
@@ -135,7 +136,7 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
     std::ostringstream msg;
     msg << "SyncBatchNorm(" << options.num_features() << "): expected input of shape (N, "
         << options.num_features() << ", ...), got " << input.sizes() << ".";
-    throw std::invalid_argument(msg.str());
+    throw UsageError(msg.str());
   }
   double momentum = options.momentum().value_or(0.0);
   if (is_training() && options.track_running_stats()) {
@@ -169,7 +170,7 @@ at::Tensor SyncBatchNormImpl::forward_synchronised(const at::Tensor& input, doub
   auto counts = stats.select(1, 0).unsqueeze(1);
   const double total = counts.sum().item<double>();
   if (total <= 1 && running_mean.defined()) {
-    throw std::invalid_argument("SyncBatchNorm: expected more than 1 value per channel over all ranks when "
+    throw UsageError("SyncBatchNorm: expected more than 1 value per channel over all ranks when "
                                 "training, got " + std::to_string(static_cast<int64_t>(total)) + ".");
   }
   auto means = stats.narrow(1, 1, channels);
@@ -258,7 +259,7 @@ std::shared_ptr<torch::nn::Module> convert(const std::shared_ptr<torch::nn::Modu
 
 std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(std::shared_ptr<torch::nn::Module> module,
                                                           ProcessGroup& group) {
-  if (!module) throw std::invalid_argument("convert_sync_batchnorm: the module is null.");
+  if (!module) throw UsageError("convert_sync_batchnorm: the module is null.");
   return convert(module, group, "");
 }
 

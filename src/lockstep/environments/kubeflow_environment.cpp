@@ -18,18 +18,20 @@ bool KubeflowEnvironment::detect(const Environ& env) {
 }
 
 KubeflowEnvironment::KubeflowEnvironment(const Environ& env) {
-  world_size_ = detail::require_int(env, "WORLD_SIZE", kSetByOperator);
-  global_rank_ = detail::require_int(env, "RANK", kSetByOperator);
-  detail::check_positive("WORLD_SIZE", world_size_);
-  detail::check_rank_below("RANK", global_rank_, "WORLD_SIZE", world_size_);
+  placement_.world_size = detail::require_int(env, "WORLD_SIZE", kSetByOperator);
+  placement_.global_rank = detail::require_int(env, "RANK", kSetByOperator);
+  detail::check_positive("WORLD_SIZE", placement_.world_size);
+  detail::check_rank_below("RANK", placement_.global_rank, "WORLD_SIZE", placement_.world_size);
   auto address = env.get("MASTER_ADDR");
   if (!address || address->empty()) {
     throw EnvironmentError(std::string("MASTER_ADDR is not set: ") + kSetByOperator);
   }
-  main_address_ = *address;
+  placement_.main_address = *address;
   auto port = env.get("MASTER_PORT");
   if (!port) throw EnvironmentError(std::string("MASTER_PORT is not set: ") + kSetByOperator);
-  main_port_ = detail::parse_port("MASTER_PORT", *port);
+  placement_.main_port = detail::parse_port("MASTER_PORT", *port);
+  placement_.node_rank = placement_.global_rank;  // one process per pod
+  placement_.local_world_size = 1;
 }
 
 void KubeflowEnvironment::validate_settings(int devices, int num_nodes) const {
@@ -40,11 +42,11 @@ void KubeflowEnvironment::validate_settings(int devices, int num_nodes) const {
         "torchrun --nproc_per_node=" + std::to_string(devices) +
         " in each pod (Lockstep then detects torchelastic).");
   }
-  if (num_nodes != world_size_) {
+  if (num_nodes != placement_.world_size) {
     throw EnvironmentError("You set --num-nodes=" + std::to_string(num_nodes) +
-                           " but the PyTorchJob has WORLD_SIZE=" + std::to_string(world_size_) +
+                           " but the PyTorchJob has WORLD_SIZE=" + std::to_string(placement_.world_size) +
                            " pods, one process each. Use --num-nodes " +
-                           std::to_string(world_size_) + ", or change the job's replicas.");
+                           std::to_string(placement_.world_size) + ", or change the job's replicas.");
   }
 }
 

@@ -53,27 +53,27 @@ int find_free_port() {
 }
 
 LocalEnvironment::LocalEnvironment(const Environ& env) {
-  main_address_ = env.get("MASTER_ADDR").value_or("127.0.0.1");
-  if (main_address_.empty()) {
+  placement_.main_address = env.get("MASTER_ADDR").value_or("127.0.0.1");
+  if (placement_.main_address.empty()) {
     throw EnvironmentError(
         "MASTER_ADDR is set but empty. Set it to the host of rank 0, or unset it to use "
         "127.0.0.1.");
   }
   auto port = env.get("MASTER_PORT");
-  main_port_ = port ? detail::parse_port("MASTER_PORT", *port) : find_free_port();
+  placement_.main_port = port ? detail::parse_port("MASTER_PORT", *port) : find_free_port();
   if (auto rank = env.get("RANK"); rank && !env.has("WORLD_SIZE")) {
     throw EnvironmentError("RANK=" + *rank +
                            " is set but WORLD_SIZE is not: a rank means nothing without the "
                            "number of processes; set WORLD_SIZE to it or unset RANK.");
   }
-  world_size_ = env.get_int("WORLD_SIZE").value_or(1);
-  detail::check_positive("WORLD_SIZE", world_size_);
-  global_rank_ = env.get_int("RANK").value_or(0);
-  detail::check_rank_below("RANK", global_rank_, "WORLD_SIZE", world_size_);
-  local_rank_ = env.get_int("LOCAL_RANK").value_or(0);
-  detail::check_rank_below("LOCAL_RANK", local_rank_, "WORLD_SIZE", world_size_);
+  placement_.world_size = env.get_int("WORLD_SIZE").value_or(1);
+  detail::check_positive("WORLD_SIZE", placement_.world_size);
+  placement_.global_rank = env.get_int("RANK").value_or(0);
+  detail::check_rank_below("RANK", placement_.global_rank, "WORLD_SIZE", placement_.world_size);
+  placement_.local_rank = env.get_int("LOCAL_RANK").value_or(0);
+  detail::check_rank_below("LOCAL_RANK", placement_.local_rank, "WORLD_SIZE", placement_.world_size);
   auto node_rank = env.get_int("NODE_RANK");
-  node_rank_ = node_rank ? *node_rank : env.get_int("GROUP_RANK").value_or(0);
+  placement_.node_rank = node_rank ? *node_rank : env.get_int("GROUP_RANK").value_or(0);
 }
 
 }  // namespace environments

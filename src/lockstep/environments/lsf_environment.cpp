@@ -85,13 +85,13 @@ bool LSFEnvironment::detect(const Environ& env) {
 }
 
 LSFEnvironment::LSFEnvironment(const Environ& env, std::optional<std::string> hostname) {
-  world_size_ = detail::require_int(env, "JSM_NAMESPACE_SIZE", kSetByJsrun);
-  global_rank_ = detail::require_int(env, "JSM_NAMESPACE_RANK", kSetByJsrun);
-  local_rank_ = detail::require_int(env, "JSM_NAMESPACE_LOCAL_RANK", kSetByJsrun);
-  detail::check_positive("JSM_NAMESPACE_SIZE", world_size_);
-  detail::check_rank_below("JSM_NAMESPACE_RANK", global_rank_, "JSM_NAMESPACE_SIZE", world_size_);
-  detail::check_rank_below("JSM_NAMESPACE_LOCAL_RANK", local_rank_, "JSM_NAMESPACE_SIZE",
-                           world_size_);
+  placement_.world_size = detail::require_int(env, "JSM_NAMESPACE_SIZE", kSetByJsrun);
+  placement_.global_rank = detail::require_int(env, "JSM_NAMESPACE_RANK", kSetByJsrun);
+  placement_.local_rank = detail::require_int(env, "JSM_NAMESPACE_LOCAL_RANK", kSetByJsrun);
+  detail::check_positive("JSM_NAMESPACE_SIZE", placement_.world_size);
+  detail::check_rank_below("JSM_NAMESPACE_RANK", placement_.global_rank, "JSM_NAMESPACE_SIZE", placement_.world_size);
+  detail::check_rank_below("JSM_NAMESPACE_LOCAL_RANK", placement_.local_rank, "JSM_NAMESPACE_SIZE",
+                           placement_.world_size);
 
   auto rankfile = env.get("LSB_DJOB_RANKFILE");
   if (!rankfile || rankfile->empty()) {
@@ -111,26 +111,26 @@ LSFEnvironment::LSFEnvironment(const Environ& env, std::optional<std::string> ho
                            "), so its node rank is unknown. Run the program through jsrun "
                            "inside the job that wrote the rank file.");
   }
-  node_rank_ = *index;
+  placement_.node_rank = *index;
 
-  main_address_ = env.get("MASTER_ADDR").value_or(hosts_.front());
+  placement_.main_address = env.get("MASTER_ADDR").value_or(hosts_.front());
   if (auto port = env.get("MASTER_PORT")) {
-    main_port_ = detail::parse_port("MASTER_PORT", *port);
+    placement_.main_port = detail::parse_port("MASTER_PORT", *port);
   } else {
-    main_port_ = port_from_job_id(*env.get("LSB_JOBID"));
+    placement_.main_port = port_from_job_id(*env.get("LSB_JOBID"));
   }
 }
 
 void LSFEnvironment::validate_settings(int devices, int num_nodes) const {
   // The rank file lists the whole allocation, which jsrun may use only part of, so the node
   // count cannot be checked; the task count can.
-  if (world_size_ == devices * num_nodes) return;
+  if (placement_.world_size == devices * num_nodes) return;
   throw EnvironmentError("You set --devices=" + std::to_string(devices) + " --num-nodes=" +
                          std::to_string(num_nodes) + " (" + std::to_string(devices * num_nodes) +
                          " processes in all) but jsrun started JSM_NAMESPACE_SIZE=" +
-                         std::to_string(world_size_) +
+                         std::to_string(placement_.world_size) +
                          " tasks. Use --devices and --num-nodes whose product is " +
-                         std::to_string(world_size_) + ", or jsrun -n " +
+                         std::to_string(placement_.world_size) + ", or jsrun -n " +
                          std::to_string(devices * num_nodes) + " -r " + std::to_string(devices) +
                          ".");
 }

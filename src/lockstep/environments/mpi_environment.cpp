@@ -56,47 +56,48 @@ bool MPIEnvironment::detect(const Environ& env) {
 MPIEnvironment::MPIEnvironment(const Environ& env) {
   const Names& names = names_for(env);
   flavor_ = names.flavor;
-  world_size_ = require(env, names, names.size);
-  global_rank_ = require(env, names, names.rank);
-  local_rank_ = require(env, names, names.local_rank);
-  local_world_size_ = require(env, names, names.local_size);
-  detail::check_positive(names.size, world_size_);
-  detail::check_positive(names.local_size, local_world_size_);
-  detail::check_rank_below(names.rank, global_rank_, names.size, world_size_);
-  detail::check_rank_below(names.local_rank, local_rank_, names.local_size, local_world_size_);
+  placement_.world_size = require(env, names, names.size);
+  placement_.global_rank = require(env, names, names.rank);
+  placement_.local_rank = require(env, names, names.local_rank);
+  placement_.local_world_size = require(env, names, names.local_size);
+  detail::check_positive(names.size, placement_.world_size);
+  detail::check_positive(names.local_size, placement_.local_world_size);
+  detail::check_rank_below(names.rank, placement_.global_rank, names.size, placement_.world_size);
+  detail::check_rank_below(names.local_rank, placement_.local_rank, names.local_size, placement_.local_world_size);
 
   // rank / local size is the node's index only for equal, consecutive blocks of ranks per node.
-  node_rank_ = global_rank_ / local_world_size_;
-  if (world_size_ % local_world_size_ != 0 || global_rank_ % local_world_size_ != local_rank_) {
+  placement_.node_rank = placement_.global_rank / placement_.local_world_size;
+  const auto& p = placement_;
+  if (p.world_size % p.local_world_size != 0 || p.global_rank % p.local_world_size != p.local_rank) {
     throw EnvironmentError(
         std::string("Cannot tell this node's rank from the MPI placement: ") + names.rank + "=" +
-        std::to_string(global_rank_) + ", " + names.local_rank + "=" +
-        std::to_string(local_rank_) + ", " + names.local_size + "=" +
-        std::to_string(local_world_size_) + ", " + names.size + "=" +
-        std::to_string(world_size_) +
+        std::to_string(placement_.global_rank) + ", " + names.local_rank + "=" +
+        std::to_string(placement_.local_rank) + ", " + names.local_size + "=" +
+        std::to_string(placement_.local_world_size) + ", " + names.size + "=" +
+        std::to_string(placement_.world_size) +
         ". Lockstep needs the same number of processes on every node, in consecutive blocks of "
         "ranks. Use " + names.per_node_option + " N with by-slot mapping (not --map-by node or "
         "round-robin placement).");
   }
 
   if (auto port = env.get("MASTER_PORT")) {
-    main_port_ = detail::parse_port("MASTER_PORT", *port);
+    placement_.main_port = detail::parse_port("MASTER_PORT", *port);
   } else {
-    main_port_ = kDefaultPort;
+    placement_.main_port = kDefaultPort;
   }
 
   if (auto address = env.get("MASTER_ADDR")) {
-    main_address_ = *address;
-  } else if (local_world_size_ == world_size_) {
-    main_address_ = "127.0.0.1";
+    placement_.main_address = *address;
+  } else if (placement_.local_world_size == placement_.world_size) {
+    placement_.main_address = "127.0.0.1";
   } else if (auto list = env.get("SLURM_JOB_NODELIST")) {
-    main_address_ = first_slurm_host(*list);
+    placement_.main_address = first_slurm_host(*list);
   } else {
     throw EnvironmentError(
         "MASTER_ADDR is not set and the MPI job spans " +
-        std::to_string(world_size_ / local_world_size_) + " nodes (" + names.size + "=" +
-        std::to_string(world_size_) + ", " + names.local_size + "=" +
-        std::to_string(local_world_size_) +
+        std::to_string(placement_.world_size / placement_.local_world_size) + " nodes (" + names.size + "=" +
+        std::to_string(placement_.world_size) + ", " + names.local_size + "=" +
+        std::to_string(placement_.local_world_size) +
         "): MPI launchers do not tell a process where rank 0 runs. Pass the host of rank 0, "
         "e.g. mpirun -x MASTER_ADDR=node01 (Open MPI) or mpiexec -genv MASTER_ADDR node01 "
         "(MPICH).");
@@ -105,19 +106,19 @@ MPIEnvironment::MPIEnvironment(const Environ& env) {
 
 void MPIEnvironment::validate_settings(int devices, int num_nodes) const {
   const Names& names = flavor_ == kOpenMPI.flavor ? kOpenMPI : kMPICH;
-  if (local_world_size_ != devices) {
+  if (placement_.local_world_size != devices) {
     throw EnvironmentError("You set --devices=" + std::to_string(devices) + " but " +
                            names.launcher + " started " + names.local_size + "=" +
-                           std::to_string(local_world_size_) +
+                           std::to_string(placement_.local_world_size) +
                            " processes on this node. Use --devices " +
-                           std::to_string(local_world_size_) + ", or " + names.per_node_option +
+                           std::to_string(placement_.local_world_size) + ", or " + names.per_node_option +
                            " " + std::to_string(devices) + ".");
   }
-  if (world_size_ != devices * num_nodes) {
-    std::string nodes = std::to_string(world_size_ / local_world_size_);
+  if (placement_.world_size != devices * num_nodes) {
+    std::string nodes = std::to_string(placement_.world_size / placement_.local_world_size);
     throw EnvironmentError("You set --num-nodes=" + std::to_string(num_nodes) + " but " +
-                           names.size + "=" + std::to_string(world_size_) + " with " +
-                           std::to_string(local_world_size_) + " per node means " + nodes +
+                           names.size + "=" + std::to_string(placement_.world_size) + " with " +
+                           std::to_string(placement_.local_world_size) + " per node means " + nodes +
                            " nodes. Use --num-nodes " + nodes + ", or start " +
                            std::to_string(devices * num_nodes) + " processes (mpirun -np " +
                            std::to_string(devices * num_nodes) + ").");

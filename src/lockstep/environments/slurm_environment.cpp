@@ -228,24 +228,25 @@ bool SLURMEnvironment::detect(const Environ& env) {
 }
 
 SLURMEnvironment::SLURMEnvironment(const Environ& env) {
-  world_size_ = detail::require_int(env, "SLURM_NTASKS", kSetBySrun);
-  global_rank_ = detail::require_int(env, "SLURM_PROCID", kSetBySrun);
-  local_rank_ = detail::require_int(env, "SLURM_LOCALID", kSetBySrun);
-  node_rank_ = detail::require_int(env, "SLURM_NODEID", kSetBySrun);
-  detail::check_positive("SLURM_NTASKS", world_size_);
-  detail::check_rank_below("SLURM_PROCID", global_rank_, "SLURM_NTASKS", world_size_);
+  placement_.world_size = detail::require_int(env, "SLURM_NTASKS", kSetBySrun);
+  placement_.global_rank = detail::require_int(env, "SLURM_PROCID", kSetBySrun);
+  placement_.local_rank = detail::require_int(env, "SLURM_LOCALID", kSetBySrun);
+  placement_.node_rank = detail::require_int(env, "SLURM_NODEID", kSetBySrun);
+  detail::check_positive("SLURM_NTASKS", placement_.world_size);
+  detail::check_rank_below("SLURM_PROCID", placement_.global_rank, "SLURM_NTASKS", placement_.world_size);
   nnodes_ = env.get_int("SLURM_NNODES");
   if (nnodes_) {
     detail::check_positive("SLURM_NNODES", *nnodes_);
-    detail::check_rank_below("SLURM_NODEID", node_rank_, "SLURM_NNODES", *nnodes_);
+    detail::check_rank_below("SLURM_NODEID", placement_.node_rank, "SLURM_NNODES", *nnodes_);
   }
   // A step may use fewer nodes than the allocation; the step's count is the one to compare.
   step_nnodes_ = env.get_int("SLURM_STEP_NUM_NODES");
   if (step_nnodes_) detail::check_positive("SLURM_STEP_NUM_NODES", *step_nnodes_);
   ntasks_per_node_ = env.get_int("SLURM_NTASKS_PER_NODE");
+  placement_.local_world_size = ntasks_per_node_.value_or(0);
   if (ntasks_per_node_) {
     detail::check_positive("SLURM_NTASKS_PER_NODE", *ntasks_per_node_);
-    detail::check_rank_below("SLURM_LOCALID", local_rank_, "SLURM_NTASKS_PER_NODE",
+    detail::check_rank_below("SLURM_LOCALID", placement_.local_rank, "SLURM_NTASKS_PER_NODE",
                              *ntasks_per_node_);
   }
 
@@ -254,11 +255,11 @@ SLURMEnvironment::SLURMEnvironment(const Environ& env) {
     if (!nodelist) nodelist = env.get(name);
   }
   if (auto address = env.get("MASTER_ADDR")) {
-    main_address_ = *address;
+    placement_.main_address = *address;
   } else if (nodelist) {
-    main_address_ = first_slurm_host(*nodelist);
+    placement_.main_address = first_slurm_host(*nodelist);
   } else if (!nnodes_ || *nnodes_ == 1) {
-    main_address_ = "127.0.0.1";
+    placement_.main_address = "127.0.0.1";
   } else {
     throw EnvironmentError("SLURM_NNODES=" + std::to_string(*nnodes_) +
                            " but no node list (SLURM_NODELIST) is set, so the host of rank 0 is "
@@ -266,11 +267,11 @@ SLURMEnvironment::SLURMEnvironment(const Environ& env) {
   }
 
   if (auto port = env.get("MASTER_PORT")) {
-    main_port_ = detail::parse_port("MASTER_PORT", *port);
+    placement_.main_port = detail::parse_port("MASTER_PORT", *port);
   } else if (auto job_id = env.get("SLURM_JOB_ID")) {
-    main_port_ = port_from_job_id(*job_id);
+    placement_.main_port = port_from_job_id(*job_id);
   } else {
-    main_port_ = 12910;  // Lightning's fallback when there is no job id
+    placement_.main_port = 12910;  // Lightning's fallback when there is no job id
   }
 }
 
@@ -291,15 +292,15 @@ void SLURMEnvironment::validate_settings(int devices, int num_nodes) const {
                            " nodes. Use --num-nodes " + count + ", or srun --nodes=" +
                            std::to_string(num_nodes) + ".");
   }
-  if (world_size_ != devices * num_nodes) {
+  if (placement_.world_size != devices * num_nodes) {
     throw EnvironmentError("You set --devices=" + std::to_string(devices) + " --num-nodes=" +
                            std::to_string(num_nodes) + " (" +
                            std::to_string(devices * num_nodes) +
                            " processes in all) but srun started SLURM_NTASKS=" +
-                           std::to_string(world_size_) + " tasks. Use srun --ntasks-per-node=" +
+                           std::to_string(placement_.world_size) + " tasks. Use srun --ntasks-per-node=" +
                            std::to_string(devices) + " --nodes=" + std::to_string(num_nodes) +
                            ", or --devices and --num-nodes whose product is " +
-                           std::to_string(world_size_) + ".");
+                           std::to_string(placement_.world_size) + ".");
   }
 }
 

@@ -88,6 +88,16 @@ LocalJob::LocalJob(const LaunchOptions& options)
     variables_.push_back(worker_variables(options_, rank, port));
     if (!store_file_.empty()) variables_.back()["LOCKSTEP_STORE_FILE"] = store_file_;
     prepare_error_file(variables_.back().at("TORCHELASTIC_ERROR_FILE"));
+    distributed::Placement placement;
+    placement.world_size = options_.world_size();
+    placement.global_rank = options_.node_rank() * options_.nproc_per_node() + rank;
+    placement.local_rank = rank;
+    placement.local_world_size = options_.nproc_per_node();
+    placement.node_rank = options_.node_rank();
+    placement.main_address = options_.master_addr();
+    placement.main_port = port;
+    placement.store_file = store_file_;
+    placements_.push_back(placement);
   }
 }
 

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "lockstep/distributed/placement.h"
 #include "lockstep/launchers/launch_options.h"
 #include "lockstep/launchers/supervisor.h"
 
@@ -40,6 +41,8 @@ class LocalJob {
   }
   Supervisor& supervisor() { return supervisor_; }
 
+  /// Where `local_rank` sits: the values of its variables.
+  const distributed::Placement& placement(int local_rank) const { return placements_.at(local_rank); }
   /// Writes `local_rank`'s variables into this process's environment.
   void export_variables(int local_rank) const;
   /// Starts the thread that ends the whole process with a failed worker's exit code, and makes
@@ -63,6 +66,7 @@ class LocalJob {
   bool own_log_dir_;
   pid_t owner_;
   std::vector<std::map<std::string, std::string>> variables_;
+  std::vector<distributed::Placement> placements_;
   std::string store_file_;  // one machine: the ranks' rendezvous file (LOCKSTEP_STORE_FILE)
   Supervisor supervisor_;
   std::thread watcher_;

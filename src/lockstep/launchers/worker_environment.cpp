@@ -61,6 +61,7 @@ std::map<std::string, std::string> worker_variables(const LaunchOptions& options
   } else if (nproc > 1) {
     vars["OMP_NUM_THREADS"] = "1";
   }
+  vars.insert(options.worker_variables().begin(), options.worker_variables().end());  // ours win
   return vars;
 }
 

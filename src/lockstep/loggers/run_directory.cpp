@@ -11,7 +11,7 @@
 #include <set>
 #include <system_error>
 
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 
 namespace lockstep {
 namespace loggers {

@@ -1,10 +1,9 @@
 #include <lockstep/strategies/ddp_strategy.h>
 
 #include <lockstep/core/training_module.h>
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 #include <lockstep/environments/cluster_environment.h>
-#include <lockstep/launchers/fork_launcher.h>
-#include <lockstep/launchers/subprocess_launcher.h>
+#include <lockstep/launchers/local_launcher.h>
 #include <lockstep/strategies/registry.h>
 #include <lockstep/distributed/sync_batchnorm.h>
 
@@ -36,10 +35,11 @@ const bool registered = [] {
 }  // namespace
 
 DDPStrategy::DDPStrategy(distributed::DDPOptions options, std::string start_method, std::string name)
-    : ddp_options_(std::move(options)), start_method_(std::move(start_method)), name_(std::move(name)) {
-  if (start_method_ != "popen" && start_method_ != "fork") {
-    throw UsageError("DDPStrategy start_method '" + start_method_ + "': use popen or fork.");
+    : ddp_options_(std::move(options)), name_(std::move(name)) {
+  if (start_method != "popen" && start_method != "fork") {
+    throw UsageError("DDPStrategy start_method '" + start_method + "': use popen or fork.");
   }
+  start_method_ = start_method == "fork" ? launchers::StartMethod::fork : launchers::StartMethod::reexec;
 }
 
 std::unique_ptr<launchers::Launcher> DDPStrategy::launcher() {
@@ -49,8 +49,13 @@ std::unique_ptr<launchers::Launcher> DDPStrategy::launcher() {
                      .nproc_per_node(context_.devices_per_node)
                      .master_addr(env.main_address())
                      .master_port(env.main_port());
-  if (start_method_ == "fork") return std::make_unique<launchers::ForkLauncher>(options);
-  return std::make_unique<launchers::SubprocessLauncher>(options);
+  if (context_.accelerator == accelerators::Accelerator::cuda) {
+    // The workers use rank 0's pick (--auto-select-gpus) instead of probing again.
+    std::string ids;
+    for (int id : context_.gpu_ids) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+    options.worker_variable(accelerators::kSelectedGpusVariable, ids);
+  }
+  return std::make_unique<launchers::LocalLauncher>(options, start_method_);
 }
 
 void DDPStrategy::setup_environment() {
@@ -68,7 +73,7 @@ distributed::ProcessGroup& DDPStrategy::process_group() {
 }
 
 torch::Device DDPStrategy::root_device() const {
-  if (context_.accelerator != "cuda") return torch::Device(torch::kCPU);
+  if (context_.accelerator != accelerators::Accelerator::cuda) return torch::Device(torch::kCPU);
   const int local = context_.environment ? context_.environment->local_rank() : 0;
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(context_.gpu_ids.at(static_cast<size_t>(local))));
 }
@@ -95,7 +100,7 @@ void DDPStrategy::convert_sync_batchnorm(const std::shared_ptr<TrainingModule>& 
 void DDPStrategy::setup_module(const std::shared_ptr<TrainingModule>& module) {
   convert_sync_batchnorm(module);
   std::vector<int> device_ids;
-  if (context_.accelerator == "cuda") device_ids.push_back(root_device().index());
+  if (context_.accelerator == accelerators::Accelerator::cuda) device_ids.push_back(root_device().index());
   ddp_ = configure_ddp(module, device_ids);
 }
 

@@ -3,7 +3,7 @@
 #include <map>
 #include <mutex>
 
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 
 namespace lockstep {
 namespace strategies {

@@ -20,7 +20,7 @@ SeparateDDPStrategy::SeparateDDPStrategy(distributed::DDPOptions options, std::s
 void SeparateDDPStrategy::setup_module(const std::shared_ptr<TrainingModule>& module) {
   convert_sync_batchnorm(module);
   std::vector<c10::Device> device_ids;
-  if (context_.accelerator == "cuda") device_ids.push_back(root_device());
+  if (context_.accelerator == accelerators::Accelerator::cuda) device_ids.push_back(root_device());
   separate_ = std::make_shared<distributed::SeparateDDP>(module, process_group(), ddp_options(), device_ids);
 }
 

@@ -10,7 +10,7 @@ torch::Tensor Strategy::training_step(TrainingModule& module, Batch& batch, int6
 }
 
 torch::Device SingleDeviceStrategy::root_device() const {
-  if (context_.accelerator == "cuda") {
+  if (context_.accelerator == accelerators::Accelerator::cuda) {
     return torch::Device(torch::kCUDA, context_.gpu_ids.empty() ? 0 : static_cast<c10::DeviceIndex>(context_.gpu_ids[0]));
   }
   return torch::Device(torch::kCPU);

@@ -10,7 +10,7 @@
 #include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/checkpoint/optimizer_state.h>
 #include <lockstep/checkpoint/state_dict.h>
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 #include <lockstep/loggers/logger_options.h>
 #include <lockstep/trainer/trainer.h>
 

@@ -3,8 +3,9 @@
 #include <map>
 
 #include <lockstep/accelerators/device_parser.h>
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 #include <lockstep/distributed/process_group.h>
+#include <lockstep/environments/torchelastic_environment.h>
 #include <lockstep/strategies/registry.h>
 
 namespace lockstep {
@@ -35,12 +36,12 @@ std::vector<int> gpu_ids_for(const TrainerOptions& o, const environments::Enviro
   auto ids = accelerators::parse_gpu_ids(o.devices(), cuda_count);
   const bool names_ids = o.devices().find_first_of(",[") != std::string::npos;
   if (!o.auto_select_gpus() || names_ids) return ids;
-  if (const auto picked = environ.get(kSelectedGpusVariable)) {
+  if (const auto picked = environ.get(accelerators::kSelectedGpusVariable)) {
     auto handed = accelerators::parse_gpu_ids(*picked, cuda_count);
     if (handed.size() != ids.size()) {
-      throw UsageError(std::string(kSelectedGpusVariable) + "=" + *picked + " names " + std::to_string(handed.size()) +
+      throw UsageError(std::string(accelerators::kSelectedGpusVariable) + "=" + *picked + " names " + std::to_string(handed.size()) +
                        " device(s) but --devices " + o.devices() + " asks for " + std::to_string(ids.size()) +
-                       "; it is left from another run: unset " + kSelectedGpusVariable + ".");
+                       "; it is left from another run: unset " + accelerators::kSelectedGpusVariable + ".");
     }
     return handed;
   }
@@ -53,9 +54,9 @@ std::vector<int> gpu_ids_for(const TrainerOptions& o, const environments::Enviro
 }
 
 int devices_for(const TrainerOptions& o, const environments::Environ& environ,
-                const environments::ClusterEnvironment& env, const std::string& accelerator, int cuda_count,
+                const environments::ClusterEnvironment& env, accelerators::Accelerator accelerator, int cuda_count,
                 const accelerators::DeviceProbe& probe, std::vector<int>& gpu_ids) {
-  if (accelerator == "cuda") {
+  if (accelerator == accelerators::Accelerator::cuda) {
     gpu_ids = gpu_ids_for(o, environ, env, cuda_count, probe);
     return static_cast<int>(gpu_ids.size());
   }
@@ -87,53 +88,51 @@ ExecutionPlan resolve_plan(const TrainerOptions& o, const environments::Environ&
                            std::shared_ptr<strategies::Strategy> strategy, int cuda_count,
                            const accelerators::DeviceProbe& probe) {
   ExecutionPlan plan;
-  plan.environment = environments::detect_environment(environ);
-  plan.accelerator = accelerators::parse_accelerator(o.accelerator(), cuda_count);
-  if (o.num_nodes() < 1) {
-    throw UsageError("--num-nodes " + std::to_string(o.num_nodes()) + " is not a node count: use 1 or more.");
-  }
-  plan.num_nodes = o.num_nodes();
-  plan.devices_per_node = devices_for(o, environ, *plan.environment, plan.accelerator, cuda_count, probe, plan.gpu_ids);
-  if (plan.environment->creates_processes_externally()) {
+  auto& c = plan.context;
+  c.environment = environments::detect_environment(environ);
+  c.accelerator = accelerators::parse_accelerator(o.accelerator(), cuda_count);
+  LOCKSTEP_CHECK(o.num_nodes() >= 1, UsageError, "--num-nodes ", o.num_nodes(), " is not a node count: use 1 or more.");
+  c.num_nodes = o.num_nodes();
+  c.devices_per_node = devices_for(o, environ, *c.environment, c.accelerator, cuda_count, probe, c.gpu_ids);
+  if (c.environment->creates_processes_externally()) {
     try {
-      plan.environment->validate_settings(plan.devices_per_node, plan.num_nodes);
+      c.environment->validate_settings(c.devices_per_node, c.num_nodes);
     } catch (const environments::EnvironmentError& e) {
       if (o.devices() != "auto") throw;
       // The user set neither: say where the number came from.
       throw environments::EnvironmentError(
-          "--devices auto took the " + std::to_string(plan.environment->world_size()) + " processes of the job over " +
-          "--num-nodes " + std::to_string(plan.num_nodes) + " = " + std::to_string(plan.devices_per_node) +
+          "--devices auto took the " + std::to_string(c.environment->world_size()) + " processes of the job over " +
+          "--num-nodes " + std::to_string(c.num_nodes) + " = " + std::to_string(c.devices_per_node) +
           " per node. " + e.what() + " Or give --num-nodes the job's node count.");
     }
-  } else if (plan.num_nodes > 1) {
-    throw UsageError("--num-nodes " + std::to_string(plan.num_nodes) + " but no scheduler started this process: "
-                     "start one process per node with `lockstep launch --nnodes " + std::to_string(plan.num_nodes) +
+  } else if (c.num_nodes > 1) {
+    throw UsageError("--num-nodes " + std::to_string(c.num_nodes) + " but no scheduler started this process: "
+                     "start one process per node with `lockstep launch --nnodes " + std::to_string(c.num_nodes) +
                      " ...`, torchrun, srun or mpirun.");
   }
-  plan.precision = Precision::parse(o.precision(), plan.accelerator);
-  plan.process_group_backend =
-      o.process_group_backend().empty() ? (plan.accelerator == "cuda" ? "nccl" : "gloo") : o.process_group_backend();
+  plan.precision = Precision::parse(o.precision(), c.accelerator);
+  c.process_group_backend =
+      o.process_group_backend().empty() ? (c.accelerator == accelerators::Accelerator::cuda ? "nccl" : "gloo")
+                                        : o.process_group_backend();
   const auto backends = distributed::available_backends();
-  if (std::find(backends.begin(), backends.end(), plan.process_group_backend) == backends.end()) {
+  if (std::find(backends.begin(), backends.end(), c.process_group_backend) == backends.end()) {
     std::string names;
     for (const auto& b : backends) names += (names.empty() ? "" : ", ") + b;
-    throw UsageError("--process-group-backend " + plan.process_group_backend + " is not available: this build of "
+    throw UsageError("--process-group-backend " + c.process_group_backend + " is not available: this build of "
                      "Lockstep can create " + names + ". Use --process-group-backend " + backends.front() + ".");
   }
-  if (o.accumulate_grad_batches() < 1) {
-    throw UsageError("--accumulate-grad-batches " + std::to_string(o.accumulate_grad_batches()) + ": use 1 or more.");
-  }
-  plan.strategy = strategy ? std::move(strategy) : strategy_for(o, plan.devices_per_node * plan.num_nodes);
-  strategies::StrategyContext context;
-  context.environment = plan.environment;
-  context.accelerator = plan.accelerator;
-  context.devices_per_node = plan.devices_per_node;
-  context.gpu_ids = plan.gpu_ids;
-  context.num_nodes = plan.num_nodes;
-  context.process_group_backend = plan.process_group_backend;
-  context.timeout_seconds = o.timeout();
-  context.sync_batchnorm = o.sync_batchnorm();
-  plan.strategy->set_context(context);
+  LOCKSTEP_CHECK(o.accumulate_grad_batches() >= 1, UsageError, "--accumulate-grad-batches ",
+                 o.accumulate_grad_batches(), ": use 1 or more.");
+  plan.strategy = strategy ? std::move(strategy) : strategy_for(o, c.devices_per_node * c.num_nodes);
+  c.timeout_seconds = o.timeout();
+  c.sync_batchnorm = o.sync_batchnorm();
+  plan.strategy->set_context(c);
+  return plan;
+}
+
+ExecutionPlan launched_plan(ExecutionPlan plan, const distributed::Placement& placement) {
+  plan.context.environment = std::make_shared<environments::TorchElasticEnvironment>(placement);
+  plan.strategy->set_context(plan.context);
   return plan;
 }
 

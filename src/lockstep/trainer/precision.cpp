@@ -5,11 +5,12 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 
 namespace lockstep {
 
-Precision Precision::parse(const std::string& name, const std::string& accelerator) {
+Precision Precision::parse(const std::string& name, accelerators::Accelerator accelerator) {
+  using accelerators::Accelerator;
   static const std::map<std::string, std::string> aliases{
       {"32", "32-true"},       {"32-true", "32-true"}, {"64", "64-true"},       {"64-true", "64-true"},
       {"bf16", "bf16-mixed"},  {"bf16-mixed", "bf16-mixed"}, {"16", "16-mixed"}, {"16-mixed", "16-mixed"}};
@@ -18,12 +19,12 @@ Precision Precision::parse(const std::string& name, const std::string& accelerat
     throw UsageError("--precision '" + name + "' is unknown. Use 32-true, 64-true, bf16-mixed or 16-mixed.");
   }
   const std::string& normal = it->second;
-  if (normal == "16-mixed" && accelerator != "cuda") {
+  if (normal == "16-mixed" && accelerator != Accelerator::cuda) {
     throw UsageError("--precision " + name + " needs CUDA (float16 autocast); on CPU use --precision bf16-mixed "
                      "or 32-true.");
   }
   // Refused until CUDA autocast (and loss scaling for float16) exist.
-  if (accelerator == "cuda" && (normal == "16-mixed" || normal == "bf16-mixed")) {
+  if (accelerator == Accelerator::cuda && (normal == "16-mixed" || normal == "bf16-mixed")) {
     throw UsageError("--precision " + name + " on CUDA is not implemented yet in Lockstep (CUDA autocast" +
                      std::string(normal == "16-mixed" ? " with dynamic loss scaling" : "") +
                      " comes with the LibTorch 2.x CUDA build). Use --precision 32-true on CUDA, or bf16-mixed "

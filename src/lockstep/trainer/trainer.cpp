@@ -22,7 +22,7 @@
 #include <lockstep/core/number_text.h>
 #include <lockstep/core/blas.h>
 #include <lockstep/core/seed.h>
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 #include <lockstep/distributed/rank_zero.h>
 #include <lockstep/launchers/launcher.h>
 #include <lockstep/loggers/csv_logger.h>
@@ -78,13 +78,13 @@ bool has_callback(const std::vector<std::shared_ptr<Callback>>& callbacks) {
 
 // Once, in the process that launches the others.
 void warn_if_ranks_outnumber_cores(const ExecutionPlan& plan) {
-  if (plan.accelerator != "cpu") return;
+  if (plan.context.accelerator != accelerators::Accelerator::cpu) return;
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
   if (::sched_getaffinity(0, sizeof(cpus), &cpus) != 0) return;
   const int cores = CPU_COUNT(&cpus);
-  if (plan.devices_per_node <= cores) return;
-  std::cerr << "lockstep: warning: --devices " << plan.devices_per_node << " starts " << plan.devices_per_node
+  if (plan.context.devices_per_node <= cores) return;
+  std::cerr << "lockstep: warning: --devices " << plan.context.devices_per_node << " starts " << plan.context.devices_per_node
             << " processes on " << cores << " CPU core(s): the ranks share cores and every step waits for the "
             << "slowest, so the job runs slower than with --devices " << cores << ".\n";
 }
@@ -172,21 +172,16 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
     if (options_.deterministic()) at::globalContext().setDeterministicAlgorithms(true, false);
     const int cuda = accelerators::cuda_device_count();
     plan_ = resolve_plan(options_, environments::Environ::from_process(), user_strategy_, cuda);
-    if (options_.auto_select_gpus() && plan_.accelerator == "cuda") {
-      // The processes launched next (and this one's second resolve) use this pick, not a new probe.
-      std::string ids;
-      for (int id : plan_.gpu_ids) ids += (ids.empty() ? "" : ",") + std::to_string(id);
-      ::setenv(kSelectedGpusVariable, ids.c_str(), 1);
-    }
     if (auto launcher = plan_.strategy->launcher()) {
       warn_if_ranks_outnumber_cores(plan_);
-      launcher->launch();  // returns in every local process, each with its rank's variables set
-      plan_ = resolve_plan(options_, environments::Environ::from_process(), plan_.strategy, cuda);
+      // Returns in rank 0 and in forked ranks with their placement; re-executed ranks run main()
+      // again and find theirs in the environment, where resolve_plan above read it.
+      if (const auto placement = launcher->launch()) plan_ = launched_plan(std::move(plan_), *placement);
     }
     plan_.strategy->setup_environment();
     distributed::set_global_rank(plan_.strategy->global_rank());
     at::globalContext().setBenchmarkCuDNN(options_.benchmark());
-    if (options_.benchmark() && plan_.accelerator != "cuda" && plan_.strategy->is_global_zero()) {
+    if (options_.benchmark() && plan_.context.accelerator != accelerators::Accelerator::cuda && plan_.strategy->is_global_zero()) {
       std::cerr << "lockstep: --benchmark true has no effect on the CPU: it lets cuDNN time and pick convolution "
                    "algorithms on CUDA devices.\n";
     }

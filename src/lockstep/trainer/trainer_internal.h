@@ -8,7 +8,7 @@
 #include <torch/torch.h>
 
 #include <lockstep/core/number_text.h>
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 #include <lockstep/trainer/trainer.h>
 
 namespace lockstep {

@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 #include "../../support/errors.h"
 #include "../../support/fake_gpus.h"
 
@@ -17,11 +17,13 @@ namespace {
 using testing::error_of;
 
 TEST(ParseAccelerator, ResolvesNamesAgainstTheDeviceCount) {
-  EXPECT_EQ(parse_accelerator("auto", 0), "cpu");
-  EXPECT_EQ(parse_accelerator("auto", 2), "cuda");
-  EXPECT_EQ(parse_accelerator("CPU", 2), "cpu");
-  EXPECT_EQ(parse_accelerator("gpu", 1), "cuda");
-  EXPECT_EQ(parse_accelerator("cuda", 1), "cuda");
+  EXPECT_EQ(parse_accelerator("auto", 0), Accelerator::cpu);
+  EXPECT_EQ(parse_accelerator("auto", 2), Accelerator::cuda);
+  EXPECT_EQ(parse_accelerator("CPU", 2), Accelerator::cpu);
+  EXPECT_EQ(parse_accelerator("gpu", 1), Accelerator::cuda);
+  EXPECT_EQ(parse_accelerator("cuda", 1), Accelerator::cuda);
+  EXPECT_EQ(to_string(Accelerator::cuda), "cuda");
+  EXPECT_EQ(to_string(Accelerator::cpu), "cpu");
 }
 
 TEST(ParseAccelerator, ErrorsNameTheFix) {
@@ -70,9 +72,9 @@ TEST(ParseGpuIds, RejectsWhatIsNotThere) {
 }
 
 TEST(DevicesPerNode, FollowsTheAccelerator) {
-  EXPECT_EQ(devices_per_node("cpu", "3", 0), 3);
-  EXPECT_EQ(devices_per_node("cuda", "0,2", 4), 2);
-  EXPECT_EQ(devices_per_node("cuda", "-1", 4), 4);
+  EXPECT_EQ(devices_per_node(Accelerator::cpu, "3", 0), 3);
+  EXPECT_EQ(devices_per_node(Accelerator::cuda, "0,2", 4), 2);
+  EXPECT_EQ(devices_per_node(Accelerator::cuda, "-1", 4), 4);
 }
 
 using testing::FakeGpus;

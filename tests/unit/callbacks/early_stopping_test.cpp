@@ -9,7 +9,7 @@
 #include <torch/torch.h>
 
 #include <lockstep/callbacks/model_checkpoint.h>
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 #include <lockstep/trainer/trainer.h>
 
 #include "../../support/regression.h"

@@ -11,7 +11,7 @@
 #include <torch/torch.h>
 
 #include <lockstep/checkpoint/checkpoint_io.h>
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 #include <lockstep/distributed/rank_zero.h>
 #include <lockstep/strategies/strategy.h>
 #include <lockstep/trainer/trainer.h>

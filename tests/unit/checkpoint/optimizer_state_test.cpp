@@ -1,7 +1,7 @@
 #include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/checkpoint/optimizer_state.h>
 #include <lockstep/checkpoint/state_dict.h>
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 
 #include <gtest/gtest.h>
 #include <unistd.h>

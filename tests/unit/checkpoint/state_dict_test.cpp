@@ -1,5 +1,5 @@
 #include <lockstep/checkpoint/state_dict.h>
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 
 #include <gtest/gtest.h>
 

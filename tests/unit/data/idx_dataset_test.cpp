@@ -1,4 +1,4 @@
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 #include <lockstep/data/idx_dataset.h>
 
 #include <gtest/gtest.h>

@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 
 #include "../../support/command.h"
 

@@ -3,6 +3,8 @@
 #include <atomic>
 
 #include <gtest/gtest.h>
+
+#include <lockstep/core/error.h>
 #include <torch/torch.h>
 
 #include "../../support/thread_ranks.h"
@@ -207,14 +209,14 @@ TEST(ReduceOps, ParseNamesAndRejectUnknown) {
   try {
     parse_reduce_op("median");
     FAIL() << "median accepted";
-  } catch (const std::invalid_argument& e) {
+  } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("sum, mean, max, min or product"), std::string::npos);
   }
 }
 
 TEST(ReduceOps, MeanOfIntegersIsRejected) {
   EXPECT_THROW(run_ranks(2, [](ProcessGroup& g) { all_reduce(g, torch::tensor({int64_t{1}})); }),
-               std::invalid_argument);
+               UsageError);
 }
 
 TEST(ProcessGroupOptions, BadValuesAreClearErrors) {

@@ -3,6 +3,8 @@
 #include <mutex>
 
 #include <gtest/gtest.h>
+
+#include <lockstep/core/error.h>
 #include <torch/torch.h>
 
 #include <lockstep/distributed/bucket_assignment.h>
@@ -74,9 +76,9 @@ TEST(BucketAssignment, FollowsTheGivenOrder) {
 }
 
 TEST(BucketAssignment, RejectsAnOrderThatIsNotAPermutation) {
-  EXPECT_THROW(assign_buckets(floats({1, 1}), {0, 0}, 1, 1), std::invalid_argument);
-  EXPECT_THROW(assign_buckets(floats({1, 1}), {0}, 1, 1), std::invalid_argument);
-  EXPECT_THROW(assign_buckets(floats({1, 1}), {0, 2}, 1, 1), std::invalid_argument);
+  EXPECT_THROW(assign_buckets(floats({1, 1}), {0, 0}, 1, 1), UsageError);
+  EXPECT_THROW(assign_buckets(floats({1, 1}), {0}, 1, 1), UsageError);
+  EXPECT_THROW(assign_buckets(floats({1, 1}), {0, 2}, 1, 1), UsageError);
 }
 
 // `late` is registered first but used last in forward, so its gradients arrive first.
@@ -127,10 +129,10 @@ TEST(Reducer, RejectsParametersThatDoNotRequireGrad) {
   run_ranks(1, [](ProcessGroup& g) {
     auto p = torch::zeros({3});
     auto transport = std::make_shared<C10dTransport>(g);
-    EXPECT_THROW(Reducer({p}, {"p"}, g, DDPOptions(), transport), std::invalid_argument);
+    EXPECT_THROW(Reducer({p}, {"p"}, g, DDPOptions(), transport), UsageError);
     auto q = torch::zeros({3}, torch::requires_grad());
-    EXPECT_THROW(Reducer({q}, {"q", "extra"}, g, DDPOptions(), transport), std::invalid_argument);
-    EXPECT_THROW(Reducer({q}, {"q"}, g, DDPOptions(), nullptr), std::invalid_argument);
+    EXPECT_THROW(Reducer({q}, {"q", "extra"}, g, DDPOptions(), transport), UsageError);
+    EXPECT_THROW(Reducer({q}, {"q"}, g, DDPOptions(), nullptr), UsageError);
   });
 }
 

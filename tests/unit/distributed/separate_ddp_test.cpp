@@ -3,6 +3,8 @@
 #include <mutex>
 
 #include <gtest/gtest.h>
+
+#include <lockstep/core/error.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
@@ -238,7 +240,7 @@ TEST(SeparateDDP, OneDevicePerProcess) {
     try {
       SeparateDDP sep(gan, g, DDPOptions(), {torch::Device(torch::kCPU), torch::Device(torch::kCPU)});
       ADD_FAILURE() << "no error";
-    } catch (const std::invalid_argument& e) {
+    } catch (const UsageError& e) {
       EXPECT_NE(std::string(e.what()).find("one device per process, but got 2 device_ids (cpu, cpu)"),
                 std::string::npos)
           << e.what();
@@ -247,7 +249,7 @@ TEST(SeparateDDP, OneDevicePerProcess) {
       try {
         SeparateDDP sep(gan, g, DDPOptions(), {torch::Device("cuda:0")});
         ADD_FAILURE() << "no error";
-      } catch (const std::invalid_argument& e) {
+      } catch (const UsageError& e) {
         EXPECT_NE(std::string(e.what()).find("sees no CUDA device"), std::string::npos) << e.what();
       }
     }
@@ -258,17 +260,17 @@ TEST(SeparateDDP, NamesAndTypesAreChecked) {
   run_ranks(1, [](ProcessGroup& g) {
     Gan gan;
     SeparateDDP sep(gan, g);
-    EXPECT_THROW(sep.module<GeneratorImpl>("critic"), std::invalid_argument);
+    EXPECT_THROW(sep.module<GeneratorImpl>("critic"), UsageError);
     try {
       sep.module<GeneratorImpl>("discriminator");
       ADD_FAILURE() << "no error";
-    } catch (const std::invalid_argument& e) {
+    } catch (const UsageError& e) {
       EXPECT_NE(std::string(e.what()).find("not a "), std::string::npos) << e.what();
     }
     try {
       sep.ddp("activation");
       ADD_FAILURE() << "no error";
-    } catch (const std::invalid_argument& e) {
+    } catch (const UsageError& e) {
       EXPECT_NE(std::string(e.what()).find("has no parameters"), std::string::npos) << e.what();
     }
     // Inputs are moved to the process's device (here the CPU), other arguments pass through.
@@ -290,7 +292,7 @@ TEST(SeparateDDP, RootParametersAreAnError) {
     try {
       SeparateDDP sep(m, g);
       ADD_FAILURE() << "no error";
-    } catch (const std::invalid_argument& e) {
+    } catch (const UsageError& e) {
       EXPECT_NE(std::string(e.what()).find("('scale')"), std::string::npos) << e.what();
     }
   });

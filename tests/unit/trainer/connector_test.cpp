@@ -2,12 +2,15 @@
 // CPU build): --auto-select-gpus picks free devices once and hands the pick to launched ranks.
 #include <lockstep/trainer/connector.h>
 
+#include <cstdlib>
 #include <map>
 #include <set>
 
 #include <gtest/gtest.h>
 
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
+#include <lockstep/launchers/local_launcher.h>
+#include <lockstep/launchers/worker_environment.h>
 #include "../../support/errors.h"
 #include "../../support/fake_gpus.h"
 
@@ -32,17 +35,17 @@ std::map<std::string, std::string> launched_rank() {
 TEST(ConnectorGpus, WithoutAutoSelectTheFirstNDevicesAreUsedUnprobed) {
   FakeGpus gpus{{0}};
   const auto plan = resolve_plan(cuda("2"), environments::Environ(), nullptr, 4, gpus.probe());
-  EXPECT_EQ(plan.accelerator, "cuda");
-  EXPECT_EQ(plan.gpu_ids, (V{0, 1}));
-  EXPECT_EQ(plan.devices_per_node, 2);
+  EXPECT_EQ(plan.context.accelerator, accelerators::Accelerator::cuda);
+  EXPECT_EQ(plan.context.gpu_ids, (V{0, 1}));
+  EXPECT_EQ(plan.context.devices_per_node, 2);
   EXPECT_EQ(gpus.calls(), 0);
 }
 
 TEST(ConnectorGpus, AutoSelectPicksFreeDevicesForACount) {
   FakeGpus gpus{{0, 2}};
   const auto plan = resolve_plan(cuda("2").auto_select_gpus(true), environments::Environ(), nullptr, 4, gpus.probe());
-  EXPECT_EQ(plan.gpu_ids, (V{1, 3}));
-  EXPECT_EQ(plan.devices_per_node, 2);
+  EXPECT_EQ(plan.context.gpu_ids, (V{1, 3}));
+  EXPECT_EQ(plan.context.devices_per_node, 2);
   EXPECT_EQ(plan.strategy->name(), "ddp");
   EXPECT_EQ(plan.strategy->root_device(), torch::Device(torch::kCUDA, 1)) << "root device = first picked id";
 }
@@ -50,29 +53,70 @@ TEST(ConnectorGpus, AutoSelectPicksFreeDevicesForACount) {
 TEST(ConnectorGpus, AutoSelectKeepsNamedIdsAndIgnoresCpu) {
   FakeGpus gpus{{0, 1, 2, 3}};
   auto plan = resolve_plan(cuda("0,3").auto_select_gpus(true), environments::Environ(), nullptr, 4, gpus.probe());
-  EXPECT_EQ(plan.gpu_ids, (V{0, 3}));
+  EXPECT_EQ(plan.context.gpu_ids, (V{0, 3}));
   plan = resolve_plan(TrainerOptions().accelerator("cpu").devices("1").auto_select_gpus(true), environments::Environ(),
                       nullptr, 4, gpus.probe());
-  EXPECT_EQ(plan.accelerator, "cpu");
-  EXPECT_TRUE(plan.gpu_ids.empty());
+  EXPECT_EQ(plan.context.accelerator, accelerators::Accelerator::cpu);
+  EXPECT_TRUE(plan.context.gpu_ids.empty());
   EXPECT_EQ(gpus.calls(), 0);
 }
 
 TEST(ConnectorGpus, LaunchedRanksUseThePickOfTheProcessThatLaunchedThem) {
   FakeGpus gpus{{}};
   auto vars = launched_rank();
-  vars[kSelectedGpusVariable] = "1,3";
+  vars[accelerators::kSelectedGpusVariable] = "1,3";
   const auto plan =
       resolve_plan(cuda("2").auto_select_gpus(true), environments::Environ(vars), nullptr, 4, gpus.probe());
-  EXPECT_EQ(plan.gpu_ids, (V{1, 3}));
+  EXPECT_EQ(plan.context.gpu_ids, (V{1, 3}));
   EXPECT_EQ(plan.strategy->root_device(), torch::Device(torch::kCUDA, 3)) << "local rank 1 -> second picked id";
   EXPECT_EQ(gpus.calls(), 0) << "no second probe";
 
-  vars[kSelectedGpusVariable] = "1";
+  vars[accelerators::kSelectedGpusVariable] = "1";
   EXPECT_NE(error_of([&] { resolve_plan(cuda("2").auto_select_gpus(true), environments::Environ(vars), nullptr, 4,
                                         gpus.probe()); })
                 .find("unset LOCKSTEP_SELECTED_GPUS"),
             std::string::npos);
+}
+
+// The pick reaches the re-executed ranks through the launcher's worker variables, not through
+// rank 0's own environment.
+TEST(ConnectorGpus, TheLauncherHandsThePickToItsWorkers) {
+  FakeGpus gpus{{0, 2}};
+  const auto plan = resolve_plan(cuda("2").auto_select_gpus(true), environments::Environ(), nullptr, 4, gpus.probe());
+  const auto launcher = plan.strategy->launcher();
+  ASSERT_NE(launcher, nullptr);
+  const auto& local = dynamic_cast<const launchers::LocalLauncher&>(*launcher);
+  EXPECT_EQ(local.options().worker_variables().at(accelerators::kSelectedGpusVariable), "1,3");
+  EXPECT_EQ(std::getenv(accelerators::kSelectedGpusVariable), nullptr) << "this process's environment is left alone";
+  const auto worker = launchers::worker_variables(local.options(), 1, 29500);
+  EXPECT_EQ(worker.at(accelerators::kSelectedGpusVariable), "1,3");
+  EXPECT_EQ(worker.at("LOCAL_RANK"), "1") << "the launcher's own variables stay";
+}
+
+// After a launch the plan keeps its decisions and takes the launched process's placement; no
+// second pass over the environment.
+TEST(ConnectorPlan, ALaunchedProcessTakesItsPlacement) {
+  auto plan = resolve_plan(TrainerOptions().accelerator("cpu").devices("2").precision("64"), environments::Environ(),
+                           nullptr, 0);
+  ASSERT_EQ(plan.context.environment->name(), "local");
+  distributed::Placement placement;
+  placement.world_size = 2;
+  placement.global_rank = 1;
+  placement.local_rank = 1;
+  placement.local_world_size = 2;
+  placement.main_port = 29511;
+  placement.store_file = "/tmp/store";
+  const auto strategy = plan.strategy;
+  plan = launched_plan(std::move(plan), placement);
+  EXPECT_EQ(plan.context.environment->name(), "torchelastic");
+  EXPECT_EQ(plan.context.environment->global_rank(), 1);
+  EXPECT_EQ(plan.context.environment->main_port(), 29511);
+  EXPECT_EQ(plan.context.environment->process_group_options().store_file(), "/tmp/store");
+  EXPECT_EQ(plan.strategy, strategy);
+  EXPECT_EQ(plan.strategy->context().environment, plan.context.environment) << "the strategy sees it too";
+  EXPECT_EQ(plan.strategy->local_rank(), 1);
+  EXPECT_EQ(plan.precision.name(), "64-true");
+  EXPECT_EQ(plan.context.devices_per_node, 2);
 }
 
 TEST(ConnectorGpus, AutoSelectUnderAnExternalLauncherNeedsNamedIds) {
@@ -105,10 +149,10 @@ TEST(ConnectorPrecision, MixedPrecisionOnCudaIsRefusedUntilItExists) {
     EXPECT_NE(message.find("on CUDA is not implemented yet"), std::string::npos) << precision << ": " << message;
     EXPECT_NE(message.find("Use --precision 32-true on CUDA"), std::string::npos) << message;
   }
-  EXPECT_EQ(Precision::parse("bf16-mixed", "cpu").name(), "bf16-mixed");
-  EXPECT_EQ(Precision::parse("bf16", "cpu").kind(), Precision::Kind::bf16_mixed);
-  EXPECT_EQ(Precision::parse("32", "cuda").name(), "32-true");
-  EXPECT_EQ(Precision::parse("64", "cpu").kind(), Precision::Kind::true_64);
+  EXPECT_EQ(Precision::parse("bf16-mixed", accelerators::Accelerator::cpu).name(), "bf16-mixed");
+  EXPECT_EQ(Precision::parse("bf16", accelerators::Accelerator::cpu).kind(), Precision::Kind::bf16_mixed);
+  EXPECT_EQ(Precision::parse("32", accelerators::Accelerator::cuda).name(), "32-true");
+  EXPECT_EQ(Precision::parse("64", accelerators::Accelerator::cpu).kind(), Precision::Kind::true_64);
 }
 
 // The default backend on CUDA (nccl) is not in this build: the message lists what is.

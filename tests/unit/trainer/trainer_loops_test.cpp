@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 
 #include "../../support/trainer_runs.h"
 

@@ -8,7 +8,7 @@
 #include <torch/torch.h>
 
 #include <lockstep/checkpoint/checkpoint_io.h>
-#include <lockstep/core/usage_error.h>
+#include <lockstep/core/error.h>
 
 #include "../../support/regression.h"
 

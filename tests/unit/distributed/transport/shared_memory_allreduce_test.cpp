@@ -9,6 +9,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include <lockstep/core/error.h>
 #include <torch/torch.h>
 
 #include <lockstep/distributed/collectives.h>
@@ -165,13 +167,13 @@ TEST(SharedMemoryAllreduce, BadRegionsAndTensorsAreRejected) {
   run_ranks(2, [](ProcessGroup& g) {
     auto shared = SharedMemoryAllreduce::connect(g, 4096);
     ASSERT_TRUE(shared);
-    EXPECT_NE(lockstep::testing::error_of<std::invalid_argument>([&] { shared->region(32, 4, torch::kFloat); })
+    EXPECT_NE(lockstep::testing::error_of<UsageError>([&] { shared->region(32, 4, torch::kFloat); })
                   .find("not a 64-byte aligned part"),
               std::string::npos);
-    EXPECT_NE(lockstep::testing::error_of<std::invalid_argument>([&] { shared->region(0, 2048, torch::kFloat); })
+    EXPECT_NE(lockstep::testing::error_of<UsageError>([&] { shared->region(0, 2048, torch::kFloat); })
                   .find("4096-byte slot"),
               std::string::npos);
-    EXPECT_NE(lockstep::testing::error_of<std::invalid_argument>([&] { shared->allreduce(0, torch::ones({4}, torch::kInt32), 2); })
+    EXPECT_NE(lockstep::testing::error_of<UsageError>([&] { shared->allreduce(0, torch::ones({4}, torch::kInt32), 2); })
                   .find("only contiguous float32 and float64"),
               std::string::npos);
   }, forever());

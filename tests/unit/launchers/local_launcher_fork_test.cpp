@@ -1,4 +1,4 @@
-#include <lockstep/launchers/fork_launcher.h>
+#include <lockstep/launchers/local_launcher.h>
 #include <lockstep/launchers/launch_error.h>
 
 #include <signal.h>
@@ -59,6 +59,9 @@ TEST_P(fork_launcher, ForksEveryRankBeforeAnyThreadExists) {
     EXPECT_EQ(vars.at("LOCAL_RANK"), std::to_string(rank));
     EXPECT_EQ(vars.at("WORLD_SIZE"), std::to_string(nproc));
     EXPECT_EQ(vars.at("LAUNCHER"), "fork");
+    // Every fork continues from launch(), which hands over its placement.
+    EXPECT_EQ(vars.at("PLACEMENT"), std::to_string(rank) + " " + std::to_string(rank) + " " + std::to_string(nproc) +
+                                        " 127.0.0.1 " + vars.at("MASTER_PORT"));
     if (rank == 0) {
       EXPECT_EQ(vars.at("PID"), std::to_string(process.pid));
     } else {
@@ -114,7 +117,7 @@ TEST(fork_launcher_refusal, RefusesInThisProcessOnceAThreadRuns) {
   });
   std::string message;
   try {
-    ForkLauncher(LaunchOptions().nproc_per_node(2)).launch();
+    LocalLauncher(LaunchOptions().nproc_per_node(2), StartMethod::fork).launch();
   } catch (const LaunchError& error) {
     message = error.what();
   }
@@ -131,7 +134,7 @@ TEST(fork_launcher_refusal, RefusesInThisProcessOnceAThreadRuns) {
   EXPECT_EQ(::waitpid(-1, &status, WNOHANG), -1) << "no worker may have been forked";
 }
 
-TEST(fork_launcher_name, IsFork) { EXPECT_EQ(ForkLauncher().name(), "fork"); }
+TEST(fork_launcher_name, IsFork) { EXPECT_EQ(LocalLauncher(LaunchOptions(), StartMethod::fork).name(), "fork"); }
 
 }  // namespace
 }  // namespace launchers

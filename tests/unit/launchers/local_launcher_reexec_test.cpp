@@ -1,4 +1,4 @@
-#include <lockstep/launchers/subprocess_launcher.h>
+#include <lockstep/launchers/local_launcher.h>
 
 #include <signal.h>
 
@@ -67,8 +67,11 @@ TEST_P(subprocess_launcher, ReexecutesTheProgramForEveryRank) {
         << "the children get rank 0's argv: " << vars.at("ARGS");
     if (rank == 0) {
       EXPECT_EQ(vars.at("PID"), std::to_string(process.pid));
+      // Rank 0's launch() hands over its placement, the values of the variables it exported.
+      EXPECT_EQ(vars.at("PLACEMENT"), "0 0 " + std::to_string(nproc) + " 127.0.0.1 " + vars.at("MASTER_PORT"));
     } else {
       EXPECT_EQ(vars.at("PPID"), std::to_string(process.pid)) << "a child of rank 0";
+      EXPECT_EQ(vars.at("PLACEMENT"), "none") << "a re-executed worker reads its environment";
     }
     ports.insert(vars.at("MASTER_PORT"));
     pids.insert(vars.at("PID"));
@@ -151,7 +154,7 @@ TEST_F(subprocess_launcher_job, LaunchInAWorkerStartsNothing) {
 }
 
 TEST(subprocess_launcher_name, IsSubprocess) {
-  EXPECT_EQ(SubprocessLauncher().name(), "subprocess");
+  EXPECT_EQ(LocalLauncher().name(), "subprocess");
 }
 
 // Rank 0 scrubs a secret from its argv in place before launching: the workers are still started

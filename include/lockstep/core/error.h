@@ -1,0 +1,55 @@
+#pragma once
+/// lockstep::Error: every error Lockstep raises on purpose. Its kind says what went wrong and
+/// which exit code a program ends with (cli::guarded_main prints one "PROGRAM: error: ..." line):
+///   usage        bad input: an option, a flag, an argument, a file             exit code 2
+///   environment  a scheduler's variables half-set or contradicting the options  exit code 2
+///   launch       worker processes that cannot start                             exit code 2
+///   distributed  a collective that failed or timed out, a peer that died        exit code 1
+/// Every message says what was wrong, what was given and the fix. Each layer has its class
+/// (UsageError here, environments::EnvironmentError, launchers::LaunchError,
+/// distributed::DistributedError); catch `const lockstep::Error&` for all of them.
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace lockstep {
+
+enum class ErrorKind { usage, environment, launch, distributed };
+
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorKind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
+  ErrorKind kind() const noexcept { return kind_; }
+  /// 1 for distributed errors, 2 for the others.
+  int exit_code() const noexcept { return kind_ == ErrorKind::distributed ? 1 : 2; }
+
+ private:
+  ErrorKind kind_;
+};
+
+/// Bad input from the user: an option, a flag, a device string, an argument that contradicts
+/// another.
+class UsageError : public Error {
+ public:
+  explicit UsageError(const std::string& message) : Error(ErrorKind::usage, message) {}
+};
+
+namespace detail {
+template <typename... Parts>
+std::string concat(const Parts&... parts) {
+  std::ostringstream out;
+  (out << ... << parts);
+  return out.str();
+}
+}  // namespace detail
+
+}  // namespace lockstep
+
+/// Throws `ErrorType` (a lockstep::Error class) with the parts of the message joined, unless
+/// `condition` holds, in the shape of TORCH_CHECK:
+///   LOCKSTEP_CHECK(n >= 1, UsageError, "accumulate_grad_batches is ", n, ": use 1 or more.");
+#define LOCKSTEP_CHECK(condition, ErrorType, ...)                       \
+  do {                                                                  \
+    if (!(condition)) throw ErrorType(::lockstep::detail::concat(__VA_ARGS__)); \
+  } while (false)

@@ -1,0 +1,34 @@
+#include <lockstep/core/error.h>
+
+#include <gtest/gtest.h>
+
+namespace lockstep {
+namespace {
+
+TEST(Error, TheKindDecidesTheExitCode) {
+  EXPECT_EQ(Error(ErrorKind::usage, "x").exit_code(), 2);
+  EXPECT_EQ(Error(ErrorKind::environment, "x").exit_code(), 2);
+  EXPECT_EQ(Error(ErrorKind::launch, "x").exit_code(), 2);
+  EXPECT_EQ(Error(ErrorKind::distributed, "x").exit_code(), 1);
+  const UsageError usage("bad");
+  EXPECT_EQ(usage.kind(), ErrorKind::usage);
+  EXPECT_STREQ(usage.what(), "bad");
+}
+
+TEST(Error, CheckThrowsTheGivenClassWithTheJoinedMessageOnlyWhenTheConditionFails) {
+  const int n = 0;
+  try {
+    LOCKSTEP_CHECK(n >= 1, UsageError, "n is ", n, "; use ", 1, " or more.");
+    ADD_FAILURE() << "no throw";
+  } catch (const UsageError& e) {
+    EXPECT_STREQ(e.what(), "n is 0; use 1 or more.");
+  }
+  int evaluated = 0;
+  EXPECT_NO_THROW(LOCKSTEP_CHECK(++evaluated == 1, UsageError, "never"));
+  EXPECT_EQ(evaluated, 1) << "the condition runs once";
+  // One statement: safe in an unbraced if/else.
+  if (n == 0) LOCKSTEP_CHECK(true, UsageError, "x"); else ADD_FAILURE();
+}
+
+}  // namespace
+}  // namespace lockstep
