@@ -95,8 +95,11 @@ testing::CommandResult build(const std::vector<Program>& programs, const std::ve
   for (const auto& source : sources) add(source.parent_path().filename().string(), source.string());
   cmake.close();
   const std::map<std::string, std::string> env{{"PATH", "/usr/bin:/bin"}, {"HOME", "/tmp"}};
+  // Torch where this build found it (PyPI's wheel for build-libtorch2; Debian's is found anyway).
+  const std::string torch = LOCKSTEP_PREFIX_PATH;
   auto result = run_command({"/usr/bin/cmake", "-S", dir.path(), "-B", dir / "build", "-G", "Ninja",
-                             "-DCMAKE_PREFIX_PATH=" + prefix, "-DCMAKE_BUILD_TYPE=Release"},
+                             "-DCMAKE_PREFIX_PATH=" + prefix + (torch.empty() ? "" : ";" + torch),
+                             "-DCMAKE_BUILD_TYPE=Release"},
                             env, std::chrono::seconds(120));
   if (result.exit_code != 0) return result;
   return run_command({"/usr/bin/cmake", "--build", dir / "build", "--parallel", "2"}, env, std::chrono::seconds(900));

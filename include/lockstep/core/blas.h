@@ -10,7 +10,8 @@ namespace core {
 /// Real path of the shared library that provides `sgemm_` in this process, or "" if none.
 std::string blas_library();
 
-/// True for OpenBLAS, BLIS, MKL, ATLAS; false for the reference BLAS (libblas3) or none.
+/// True for OpenBLAS, BLIS, MKL, ATLAS, and for a LibTorch that carries MKL (PyPI's builds);
+/// false for the reference BLAS (libblas3) or none.
 bool blas_is_optimized();
 
 /// Prints one warning to stderr (once per process) when blas_is_optimized() is false, naming

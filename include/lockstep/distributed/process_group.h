@@ -11,14 +11,31 @@
 #include <vector>
 
 #include <c10/util/intrusive_ptr.h>
+#include <torch/version.h>
 
 #include <lockstep/core/error.h>
 #include <lockstep/distributed/process_group_options.h>
 
 namespace c10d {
 class ProcessGroup;
+class Backend;
 class Store;
 }  // namespace c10d
+
+namespace lockstep {
+namespace distributed {
+
+/// What runs the collectives of a group: LibTorch 1.x's c10d::ProcessGroup, 2.x's c10d::Backend
+/// (ProcessGroupGloo and ProcessGroupNCCL derive from it). Both have the same collective calls
+/// (allreduce, broadcast, allgather, barrier, ...) returning a c10d::Work.
+#if TORCH_VERSION_MAJOR >= 2
+using Backend = c10d::Backend;
+#else
+using Backend = c10d::ProcessGroup;
+#endif
+
+}  // namespace distributed
+}  // namespace lockstep
 
 namespace lockstep {
 namespace distributed {
@@ -60,7 +77,7 @@ class ProcessGroup {
   const std::vector<int>& global_ranks() const { return global_ranks_; }
 
   /// The c10d objects, for the reducer and collectives.
-  const c10::intrusive_ptr<c10d::ProcessGroup>& backend() const { return backend_; }
+  const c10::intrusive_ptr<Backend>& backend() const { return backend_; }
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
 
   /// How many barriers of this name this rank has entered before (named barriers count their
@@ -71,13 +88,13 @@ class ProcessGroup {
   std::string describe() const;
 
  private:
-  ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::ProcessGroup> backend,
+  ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<Backend> backend,
                int rank, int world_size, std::vector<int> global_ranks,
                std::chrono::milliseconds timeout, std::string backend_name, std::string main_address,
                bool is_subgroup);
 
   c10::intrusive_ptr<c10d::Store> store_;
-  c10::intrusive_ptr<c10d::ProcessGroup> backend_;
+  c10::intrusive_ptr<Backend> backend_;
   int rank_;
   int world_size_;
   std::vector<int> global_ranks_;

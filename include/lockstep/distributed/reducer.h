@@ -15,6 +15,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <lockstep/distributed/comm_hooks.h>
 #include <lockstep/distributed/ddp_options.h>
@@ -143,7 +144,9 @@ class Reducer {
   std::vector<std::string> names_;
   ProcessGroup& group_;
   DDPOptions options_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  // std::shared_ptr in LibTorch 1.x, c10::intrusive_ptr in 2.x.
+  using Accumulator = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+  std::vector<Accumulator> accumulators_;
   std::vector<uintptr_t> hook_keys_;
 
   std::vector<Bucket> buckets_;

@@ -3,7 +3,11 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <sstream>
+#include <string>
+#include <type_traits>
 #include <typeinfo>
+#include <utility>
 
 #include <torch/torch.h>
 
@@ -24,7 +28,19 @@ const char* const kMismatchHint =
 
 Dict string_dict() { return Dict(c10::StringType::get(), c10::AnyType::get()); }
 
-std::string state_key(const Tensor& param) { return c10::guts::to_string(param.unsafeGetTensorImpl()); }
+// The key of a parameter's state in Optimizer::state(): the TensorImpl's address, printed in
+// LibTorch 1.x, the pointer itself in 2.x.
+using StateKey = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+template <typename Key = StateKey>
+Key state_key(const Tensor& param) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream address;
+    address << param.unsafeGetTensorImpl();
+    return address.str();
+  } else {
+    return param.unsafeGetTensorImpl();
+  }
+}
 
 const c10::IValue& field(const Dict& dict, const std::string& key, const std::string& where) {
   auto it = dict.find(key);
@@ -214,7 +230,7 @@ void load(torch::optim::Optimizer& optimizer, const Dict& in) {
       param_of_id[id_list[i].toInt()] = current[g].params()[i];
     }
   }
-  std::vector<std::pair<std::string, std::unique_ptr<typename Layout::State>>> states;
+  std::vector<std::pair<StateKey, std::unique_ptr<typename Layout::State>>> states;
   for (const auto& entry : saved_state) {
     const std::string where = "state[" + (entry.key().isInt() ? std::to_string(entry.key().toInt()) : "?") + "]";
     const auto it = entry.key().isInt() ? param_of_id.find(entry.key().toInt()) : param_of_id.end();

@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <iostream>
 
+#include <ATen/Context.h>
+
 namespace lockstep {
 namespace core {
 
@@ -23,6 +25,7 @@ std::string blas_library() {
 }
 
 bool blas_is_optimized() {
+  if (at::hasMKL()) return true;  // PyPI's LibTorch: MKL inside libtorch_cpu.so answers sgemm_
   const std::string path = blas_library();
   static const std::array<const char*, 5> fast{"openblas", "blis", "mkl", "atlas", "accelerate"};
   for (const char* name : fast) {

@@ -67,12 +67,12 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& main_a
 // synchronisation point: a rank that finishes connecting first and drops its group at once closes
 // pairs a peer is still handshaking on ("Connection closed by peer", pytorch/pytorch#61396; about
 // 1 run in 100 of a 4-rank subgroup test here). `who` names the rank in errors.
-c10::intrusive_ptr<c10d::ProcessGroup> make_backend(const c10::intrusive_ptr<c10d::Store>& store,
+c10::intrusive_ptr<Backend> make_backend(const c10::intrusive_ptr<c10d::Store>& store,
                                                     int rank, int size, const std::string& address,
                                                     std::chrono::milliseconds timeout,
                                                     const std::string& who) {
   const auto started = std::chrono::steady_clock::now();
-  c10::intrusive_ptr<c10d::ProcessGroup> backend;
+  c10::intrusive_ptr<Backend> backend;
   try {
     auto options = c10d::ProcessGroupGloo::Options::create(timeout);
     options->devices.push_back(gloo_device(address));
@@ -84,7 +84,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_backend(const c10::intrusive_ptr<c10
                            "). Every rank must start; check the other ranks' output.");
   }
   try {
-    if (store->add("lockstep_connected", 1) == size) store->set("lockstep_all_connected", {1});
+    if (store->add("lockstep_connected", 1) == size) store->set("lockstep_all_connected", std::vector<uint8_t>{1});
     store->wait({"lockstep_all_connected"}, timeout);
   } catch (const std::exception& e) {
     std::string arrived = "not all";
@@ -108,7 +108,7 @@ std::vector<std::string> available_backends() {
 }
 
 ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
-                           c10::intrusive_ptr<c10d::ProcessGroup> backend, int rank, int world_size,
+                           c10::intrusive_ptr<Backend> backend, int rank, int world_size,
                            std::vector<int> global_ranks, std::chrono::milliseconds timeout,
                            std::string backend_name, std::string main_address, bool is_subgroup)
     : store_(std::move(store)),
@@ -157,7 +157,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::init(const ProcessGroupOptions& opti
     const std::string how = waited >= options.timeout() ? "timed out after " + seconds(options.timeout())
                                                         : "failed after " + seconds(waited);
     std::string check;
-    if (what.find("Address already in use") != std::string::npos) {
+    // LibTorch 1.x says "Address already in use", 2.x "EADDRINUSE".
+    if (what.find("Address already in use") != std::string::npos || what.find("EADDRINUSE") != std::string::npos) {
       check = "Port " + std::to_string(options.main_port()) + " is already in use on this machine (another job, or "
               "one still shutting down): set MASTER_PORT to a free port, or leave it unset when the program "
               "launches its own ranks (a free one is picked).";

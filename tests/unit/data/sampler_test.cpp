@@ -32,7 +32,7 @@ std::string python_indices(const Case& c) {
          << ", drop_last=" << (c.drop_last ? "True" : "False") << ")\n"
          << "    s.set_epoch(" << c.epoch << ")\n"
          << "    print(' '.join(str(i) for i in s))\n";
-  auto result = testing::run_command({"/usr/bin/python3", "-c", script.str()}, {{"PATH", "/usr/bin:/bin"}},
+  auto result = testing::run_command({LOCKSTEP_TEST_PYTHON, "-c", script.str()}, {{"PATH", "/usr/bin:/bin"}},
                                      std::chrono::seconds(60));
   EXPECT_EQ(result.exit_code, 0) << result.err;
   return result.out;
@@ -51,7 +51,7 @@ std::string ours(const Case& c) {
 }
 
 TEST(DistributedSampler, SameIndicesAsPyTorch) {
-  if (!std::filesystem::exists("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3 with torch";
+  if (!std::filesystem::exists(LOCKSTEP_TEST_PYTHON)) GTEST_SKIP() << "no " LOCKSTEP_TEST_PYTHON " with torch";
   const std::vector<Case> cases = {
       {10, 3, true, false, 7, 2},  {10, 3, true, true, 7, 2},   {10, 3, false, false, 0, 0},
       {2, 4, true, false, 1, 0},   {60000, 2, true, false, 42, 5}, {13, 2, false, true, 0, 1},

@@ -157,7 +157,7 @@ TEST(launch_worker_environment_port, FreePortCanBeBound) {
 
 bool python_has_torch() {
   TempDir dir;
-  const auto python = start({"/usr/bin/python3", "-c",
+  const auto python = start({LOCKSTEP_TEST_PYTHON, "-c",
                              "import importlib.util, sys; "
                              "sys.exit(importlib.util.find_spec('torch') is None)"},
                             dir.file("stderr"));
@@ -167,14 +167,14 @@ bool python_has_torch() {
 // Runs the real torchrun and our launcher on the same env-recording program: every worker must
 // see the same variable names, and the same values except for the run's identity.
 TEST(launch_worker_environment_torchrun, SameVariablesAsRealTorchrun) {
-  if (!exists("/usr/bin/python3") || !python_has_torch()) {
-    GTEST_SKIP() << "/usr/bin/python3 has no torch: cannot compare with the real torchrun";
+  if (!exists(LOCKSTEP_TEST_PYTHON) || !python_has_torch()) {
+    GTEST_SKIP() << LOCKSTEP_TEST_PYTHON " has no torch: cannot compare with the real torchrun";
   }
   TempDir torchrun_dir, ours_dir;
   const int port = find_free_port();
   // --redirects/--tee 1: under Python 3.11, torch 1.13 parses its default "0" (and "3") to None
   // and crashes: Std.from_str iterates an IntFlag, which now yields single-bit members only.
-  const auto torchrun = start({"/usr/bin/python3", "-m", "torch.distributed.run",
+  const auto torchrun = start({LOCKSTEP_TEST_PYTHON, "-m", "torch.distributed.run",
                                "--nproc_per_node", "2", "--master_port", std::to_string(port),
                                "--redirects", "1", "--tee", "1", "--log_dir", torchrun_dir.file("logs"),
                                "--no_python", program("launch_worker"), torchrun_dir.path()},
