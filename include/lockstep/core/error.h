@@ -35,6 +35,10 @@ class UsageError : public Error {
   explicit UsageError(const std::string& message) : Error(ErrorKind::usage, message) {}
 };
 
+/// The message of `e` for a line of ours: LibTorch's c10::Error without the C++ backtrace that
+/// its what() carries in LibTorch 2.x; what() of any other exception.
+std::string message_of(const std::exception& e);
+
 namespace detail {
 template <typename... Parts>
 std::string concat(const Parts&... parts) {

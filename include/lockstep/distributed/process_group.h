@@ -106,7 +106,8 @@ class ProcessGroup {
   std::map<std::string, int64_t> barrier_generations_;
 };
 
-/// The backends this build can create: {"gloo"} (NCCL comes with the CUDA build).
+/// The backends this build can create: {"gloo"}, and "nccl" where LibTorch was built with NCCL
+/// (PyPI's 2.x CUDA wheels).
 std::vector<std::string> available_backends();
 
 }  // namespace distributed

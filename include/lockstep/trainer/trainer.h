@@ -17,6 +17,7 @@
 #include <lockstep/data/data_loader.h>
 #include <lockstep/strategies/strategy.h>
 #include <lockstep/trainer/connector.h>
+#include <lockstep/trainer/grad_scaler.h>
 #include <lockstep/trainer/metrics.h>
 #include <lockstep/trainer/trainer_options.h>
 
@@ -159,6 +160,7 @@ class Trainer : public TrainerView {
   bool set_up_ = false;
   std::shared_ptr<TrainingModule> module_;
   OptimizerConfig optimizer_config_;
+  std::optional<GradScaler> scaler_;  // 16-mixed only
   MetricCollection metrics_;
   std::map<std::string, double> callback_metrics_;
   int64_t current_epoch_ = 0;

@@ -200,7 +200,7 @@ std::vector<int> select_gpu_ids(const std::string& spec, int visible, const Devi
   try {
     return retry_jittered_backoff<DeviceBusyError>([&] { return pick_free_gpus(count, visible, probe); }, backoff);
   } catch (const DeviceBusyError& e) {
-    throw UsageError("--devices " + spec + " --auto-select-gpus: " + e.what() + " after " +
+    throw UsageError("--devices " + spec + " --auto-select-gpus: " + message_of(e) + " after " +
                      std::to_string(backoff.retries()) + " tries. Ask for fewer devices (--devices N), " +
                      "free the busy ones, or name the ids to use (--devices 0,1; not probed).");
   }

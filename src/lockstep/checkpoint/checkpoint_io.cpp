@@ -217,7 +217,7 @@ Checkpoint CheckpointIO::load(const std::string& path) const {
     not_a_checkpoint(path, std::string("LibTorch cannot unpickle it (") + e.what_without_backtrace() +
                                "); Lockstep reads the checkpoints it wrote, not arbitrary torch.save files");
   } catch (const std::exception& e) {
-    not_a_checkpoint(path, std::string("LibTorch cannot unpickle it (") + e.what() + ")");
+    not_a_checkpoint(path, std::string("LibTorch cannot unpickle it (") + message_of(e) + ")");
   }
   if (!value.isGenericDict()) not_a_checkpoint(path, "it holds a " + value.type()->str() + ", not a dict");
   for (const auto& entry : value.toGenericDict()) {

@@ -265,7 +265,7 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::im
     if (dynamic_cast<torch::optim::AdamW*>(&optimizer)) return load<AdamWState>(optimizer, state);
   } catch (const UsageError& e) {
     // Say which optimizer was being restored, the half of the mismatch the dict cannot tell.
-    const std::string message = e.what();
+    const std::string message = message_of(e);
     throw UsageError("optimizer state for " + c10::demangle(typeid(optimizer).name()) + ": " +
                      message.substr(message.rfind(prefix, 0) == 0 ? prefix.size() : 0));
   }

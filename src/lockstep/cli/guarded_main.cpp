@@ -2,8 +2,6 @@
 
 #include <iostream>
 
-#include <c10/util/Exception.h>
-
 #include <lockstep/core/error.h>
 #include <lockstep/launchers/launcher.h>
 
@@ -18,11 +16,8 @@ int run_guarded(const std::string& program, const std::function<int()>& body) {
   } catch (const Error& e) {
     std::cerr << program << ": error: " << e.what() << std::endl;
     return e.exit_code();
-  } catch (const c10::Error& e) {
-    std::cerr << program << ": error: " << e.what_without_backtrace() << std::endl;
-    return 1;
   } catch (const std::exception& e) {
-    std::cerr << program << ": error: " << e.what() << std::endl;
+    std::cerr << program << ": error: " << message_of(e) << std::endl;
     return 1;
   }
 }

@@ -36,7 +36,7 @@ void wait_for(const ProcessGroup& group, const c10::intrusive_ptr<c10d::Work>& w
     work->wait(timeout);
   } catch (const std::exception& e) {
     throw DistributedError(group.describe() + ": " + call_name(op, options) +
-                           " did not complete (timeout " + seconds(timeout) + "): " + e.what() +
+                           " did not complete (timeout " + seconds(timeout) + "): " + message_of(e) +
                            "\nEvery rank must make the same collective calls in the same order; "
                            "check the other ranks' output for an earlier error.");
   }

@@ -7,7 +7,12 @@
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#ifdef USE_C10D_NCCL  // set by the Torch package of a LibTorch built with NCCL (2.x CUDA builds)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <lockstep/core/error.h>
 
 namespace lockstep {
 namespace distributed {
@@ -63,25 +68,40 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& main_a
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+// The backend called `name` (one of available_backends()).
+c10::intrusive_ptr<Backend> create_backend(const std::string& name, const c10::intrusive_ptr<c10d::Store>& store,
+                                           int rank, int size, const std::string& address,
+                                           std::chrono::milliseconds timeout) {
+#ifdef USE_C10D_NCCL
+  if (name == "nccl") {
+    auto options = c10d::ProcessGroupNCCL::Options::create();
+    options->timeout = timeout;
+    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+  }
+#endif
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  options->devices.push_back(gloo_device(address));
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
+}
+
 // Builds the backend, then waits until every rank has built its own. Gloo's constructor is not a
 // synchronisation point: a rank that finishes connecting first and drops its group at once closes
 // pairs a peer is still handshaking on ("Connection closed by peer", pytorch/pytorch#61396; about
 // 1 run in 100 of a 4-rank subgroup test here). `who` names the rank in errors.
-c10::intrusive_ptr<Backend> make_backend(const c10::intrusive_ptr<c10d::Store>& store,
-                                                    int rank, int size, const std::string& address,
-                                                    std::chrono::milliseconds timeout,
-                                                    const std::string& who) {
+c10::intrusive_ptr<Backend> make_backend(const std::string& name, const c10::intrusive_ptr<c10d::Store>& store,
+                                         int rank, int size, const std::string& address,
+                                         std::chrono::milliseconds timeout, const std::string& who) {
   const auto started = std::chrono::steady_clock::now();
   c10::intrusive_ptr<Backend> backend;
   try {
-    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-    options->devices.push_back(gloo_device(address));
-    backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
+    backend = create_backend(name, store, rank, size, address, timeout);
   } catch (const std::exception& e) {
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
     const std::string how = waited >= timeout ? "timed out after " + seconds(timeout) : "failed after " + seconds(waited);
-    throw DistributedError(who + ": connecting to the other ranks " + how + " (" + e.what() +
-                           "). Every rank must start; check the other ranks' output.");
+    const std::string fix = name == "nccl" ? " NCCL needs a CUDA GPU for every rank of this machine; without one "
+                                             "use --process-group-backend gloo."
+                                           : " Every rank must start; check the other ranks' output.";
+    throw DistributedError(who + ": creating the " + name + " process group " + how + " (" + message_of(e) + ")." + fix);
   }
   try {
     if (store->add("lockstep_connected", 1) == size) store->set("lockstep_all_connected", std::vector<uint8_t>{1});
@@ -94,7 +114,7 @@ c10::intrusive_ptr<Backend> make_backend(const c10::intrusive_ptr<c10d::Store>& 
       // the store itself is gone: say what is known
     }
     throw DistributedError(who + ": " + arrived + " " + std::to_string(size) + " ranks finished connecting within " +
-                           seconds(timeout) + " (" + e.what() + "). Every rank must start; check the other ranks' output.");
+                           seconds(timeout) + " (" + message_of(e) + "). Every rank must start; check the other ranks' output.");
   }
   return backend;
 }
@@ -102,9 +122,14 @@ c10::intrusive_ptr<Backend> make_backend(const c10::intrusive_ptr<c10d::Store>& 
 }  // namespace
 
 std::vector<std::string> available_backends() {
-  // Only what make_backend builds. NCCL and MPI are not in Debian's CPU LibTorch 1.13; they come
-  // with the LibTorch 2.x/CUDA build (issue 14), never as a name that quietly builds Gloo.
+  // Only what create_backend builds, never a name that quietly builds Gloo. Debian's CPU LibTorch
+  // 1.13 has Gloo alone; a LibTorch built with NCCL (PyPI's 2.x CUDA wheels) adds it. Lockstep
+  // builds no MPI process group.
+#ifdef USE_C10D_NCCL
+  return {"gloo", "nccl"};
+#else
   return {"gloo"};
+#endif
 }
 
 ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
@@ -130,7 +155,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::init(const ProcessGroupOptions& opti
       store = c10::make_intrusive<c10d::FileStore>(options.store_file(), options.world_size());
     } catch (const std::exception& e) {
       throw DistributedError("rank " + std::to_string(options.rank()) + "/" + std::to_string(options.world_size()) +
-                             ": cannot open the rendezvous file " + options.store_file() + " (" + e.what() +
+                             ": cannot open the rendezvous file " + options.store_file() + " (" + message_of(e) +
                              "). It lives in the launcher's private folder; start the job with one launcher.");
     }
     return init_with_store(store, ProcessGroupOptions(options).main_address("127.0.0.1"));
@@ -149,7 +174,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::init(const ProcessGroupOptions& opti
   try {
     store = c10::make_intrusive<c10d::TCPStore>(options.main_address(), store_options);
   } catch (const std::exception& e) {
-    std::string what = e.what();
+    std::string what = message_of(e);
     what = what.substr(0, what.find('\n'));
     while (!what.empty() && (what.back() == '.' || what.back() == ' ')) what.pop_back();
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
@@ -184,7 +209,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::init_with_store(const c10::intrusive
   validate(options);
   store->setTimeout(options.timeout());
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("lockstep/world", store);
-  auto backend = make_backend(prefixed, options.rank(), options.world_size(), options.main_address(),
+  auto backend = make_backend(options.backend(), prefixed, options.rank(), options.world_size(), options.main_address(),
                               options.timeout(),
                               "rank " + std::to_string(options.rank()) + "/" + std::to_string(options.world_size()));
   std::vector<int> ranks(options.world_size());
@@ -213,7 +238,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_subgroup(const std::vector<int>&
                                                               static_cast<int>(ranks.size()),
                                                               std::move(members), timeout_, backend_name_,
                                                               main_address_, true));
-  group->backend_ = make_backend(prefixed, sub_rank, group->world_size_, main_address_, timeout_, group->describe());
+  group->backend_ = make_backend(backend_name_, prefixed, sub_rank, group->world_size_, main_address_, timeout_, group->describe());
   return group;
 }
 

@@ -179,7 +179,7 @@ void Reducer::join_backward() {
       futures.push_back(options_.comm_hook()(group_, *shadow));
     } catch (const std::exception& e) {
       fail(group_.describe() + ": the comm hook failed to start the joined rank's reduction of " + bucket_name(b) +
-           ": " + e.what());
+           ": " + message_of(e));
     }
   }
   if (track_usage_) {
@@ -194,7 +194,7 @@ void Reducer::join_backward() {
       futures[b].wait(group_.timeout());
     } catch (const std::exception& e) {
       fail(group_.describe() + " (joined, shadowing): allreduce of " + bucket_name(b) + " did not complete: " +
-           e.what());
+           message_of(e));
     }
   }
   if (track_usage_) {
@@ -202,7 +202,7 @@ void Reducer::join_backward() {
       used_work_->wait(group_.timeout());
     } catch (const std::exception& e) {
       fail(group_.describe() + " (joined, shadowing): allreduce of the map of used parameters did not complete: " +
-           e.what());
+           message_of(e));
     }
     used_work_.reset();
     local_used_.zero_();  // it now holds the others' map: the next window starts empty
@@ -372,7 +372,7 @@ void Reducer::launch(size_t b) {
   try {
     bucket.future.emplace(options_.comm_hook()(group_, *bucket.grad_bucket));
   } catch (const std::exception& e) {
-    fail(group_.describe() + ": the comm hook failed to start reducing " + bucket_name(b) + ": " + e.what());
+    fail(group_.describe() + ": the comm hook failed to start reducing " + bucket_name(b) + ": " + message_of(e));
   }
   auto reduced_at = std::make_shared<std::atomic<int64_t>>(0);
   bucket.reduced_at = reduced_at;
@@ -409,7 +409,7 @@ void Reducer::finalize_backward() {
     try {
       reduced = bucket.future->wait(group_.timeout());
     } catch (const std::exception& e) {
-      fail(group_.describe() + ": allreduce of " + bucket_name(b) + " did not complete: " + e.what() +
+      fail(group_.describe() + ": allreduce of " + bucket_name(b) + " did not complete: " + message_of(e) +
            "\nEvery rank must run the same synchronised backward passes; check the other ranks' output for an earlier error.");
     }
     bucket.future.reset();
@@ -434,7 +434,7 @@ void Reducer::finalize_backward() {
     try {
       used_work_->wait(group_.timeout());
     } catch (const std::exception& e) {
-      fail(group_.describe() + ": allreduce of the map of used parameters did not complete: " + e.what());
+      fail(group_.describe() + ": allreduce of the map of used parameters did not complete: " + message_of(e));
     }
     used_work_.reset();
     global_used_ = local_used_.clone();

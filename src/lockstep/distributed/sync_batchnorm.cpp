@@ -42,7 +42,7 @@ at::Tensor gather_statistics(ProcessGroup& group, const at::Tensor& local) {
     group.backend()->allgather(out, in, options)->wait(group.timeout());
   } catch (const std::exception& e) {
     throw DistributedError(group.describe() + ": SyncBatchNorm's all_gather of batch statistics did not complete (timeout " +
-                           std::to_string(group.timeout().count() / 1000.0) + " s): " + e.what() +
+                           std::to_string(group.timeout().count() / 1000.0) + " s): " + message_of(e) +
                            "\nEvery rank must run the same SyncBatchNorm forwards in training mode, in the same order.");
   }
   return torch::stack(out[0]);

@@ -124,7 +124,7 @@ void DDPStrategy::manual_backward(const torch::Tensor& loss) {
   } catch (const distributed::UnusedParametersError& e) {
     // The usual cause here: parts of the model trained in alternation (a GAN).
     throw distributed::UnusedParametersError(
-        std::string(e.what()) + " If parts of the model are updated in alternation (a GAN's generator and "
+        message_of(e) + " If parts of the model are updated in alternation (a GAN's generator and "
                                 "discriminator), use --strategy ddp_separate: one DistributedDataParallel per "
                                 "child module.",
         e.parameter_names());

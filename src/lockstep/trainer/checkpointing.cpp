@@ -74,6 +74,7 @@ c10::impl::GenericDict Trainer::checkpoint_state() const {
   for (const auto& c : callbacks_) callbacks.insert(c->name(), c->state_dict());
   ckpt.insert("callbacks", callbacks);
   ckpt.insert("rng_state", rng_state());
+  if (scaler_) ckpt.insert("native_amp_scaling_state", scaler_->state_dict());  // Lightning's key
   c10::impl::GenericDict hparams(c10::StringType::get(), c10::AnyType::get());
   for (const auto& [k, v] : module_->hparams()) hparams.insert(k, v);
   ckpt.insert("hyper_parameters", hparams);
@@ -148,7 +149,7 @@ void Trainer::restore(const std::string& ckpt_path) {
     try {
       read();
     } catch (const UsageError& e) {
-      throw UsageError("checkpoint '" + path + "': " + e.what());
+      throw UsageError("checkpoint '" + path + "': " + message_of(e));
     } catch (const c10::Error& e) {
       const std::string why = e.what_without_backtrace();
       throw UsageError("checkpoint '" + path + "': \"" + key + "\" should hold " + expected + " (" +
@@ -194,6 +195,11 @@ void Trainer::restore(const std::string& ckpt_path) {
         if (states.contains(c->name())) c->load_state_dict(states.at(c->name()));
       }
     });
+  }
+  // A checkpoint of a run without loss scaling starts the scaler afresh, as Lightning does.
+  if (scaler_ && ckpt.contains("native_amp_scaling_state")) {
+    reading("native_amp_scaling_state", "the loss scaler's state (a dict)",
+            [&] { scaler_->load_state_dict(ckpt.at("native_amp_scaling_state").toGenericDict()); });
   }
   if (ckpt.contains("rng_state")) {
     reading("rng_state", "the CPU generator's state (a byte tensor)", [&] {

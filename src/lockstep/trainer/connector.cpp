@@ -103,7 +103,7 @@ ExecutionPlan resolve_plan(const TrainerOptions& o, const environments::Environ&
       throw environments::EnvironmentError(
           "--devices auto took the " + std::to_string(c.environment->world_size()) + " processes of the job over " +
           "--num-nodes " + std::to_string(c.num_nodes) + " = " + std::to_string(c.devices_per_node) +
-          " per node. " + e.what() + " Or give --num-nodes the job's node count.");
+          " per node. " + message_of(e) + " Or give --num-nodes the job's node count.");
     }
   } else if (c.num_nodes > 1) {
     throw UsageError("--num-nodes " + std::to_string(c.num_nodes) + " but no scheduler started this process: "
@@ -121,6 +121,9 @@ ExecutionPlan resolve_plan(const TrainerOptions& o, const environments::Environ&
     throw UsageError("--process-group-backend " + c.process_group_backend + " is not available: this build of "
                      "Lockstep can create " + names + ". Use --process-group-backend " + backends.front() + ".");
   }
+  LOCKSTEP_CHECK(c.process_group_backend != "nccl" || c.accelerator == accelerators::Accelerator::cuda, UsageError,
+                 "--process-group-backend nccl reduces CUDA tensors, but the accelerator is ",
+                 accelerators::to_string(c.accelerator), ". Use --accelerator cuda, or --process-group-backend gloo.");
   LOCKSTEP_CHECK(o.accumulate_grad_batches() >= 1, UsageError, "--accumulate-grad-batches ",
                  o.accumulate_grad_batches(), ": use 1 or more.");
   plan.strategy = strategy ? std::move(strategy) : strategy_for(o, c.devices_per_node * c.num_nodes);

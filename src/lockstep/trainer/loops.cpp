@@ -39,7 +39,10 @@ void Trainer::emit_step_metrics(bool force, std::optional<int64_t> epoch) {
 }
 
 void Trainer::optimizer_step() {
-  if (options_.gradient_clip_val() > 0) {
+  // 16-mixed: gradients back to their true size before clipping; a step with an inf or a NaN is
+  // skipped (the ranks agree: DDP averaged the gradients) and still counts as a step, as in Lightning.
+  const bool skip = scaler_ && !scaler_->unscale(module_->parameters());
+  if (options_.gradient_clip_val() > 0 && !skip) {
     auto params = module_->parameters();
     if (options_.gradient_clip_algorithm() == "value") {
       torch::nn::utils::clip_grad_value_(params, options_.gradient_clip_val());
@@ -50,9 +53,10 @@ void Trainer::optimizer_step() {
   each_callback("on_before_optimizer_step", [&](Callback& c) { c.on_before_optimizer_step(*this, *module_); });
   auto timed = profile("optimizer_step");
   for (auto& optimizer : optimizer_config_.optimizers) {
-    optimizer->step();
+    if (!skip) optimizer->step();
     optimizer->zero_grad();
   }
+  if (scaler_) scaler_->update(skip);
   ++global_step_;
   for (auto& s : optimizer_config_.schedulers) {
     if (s.interval == "step") s.scheduler->step();
@@ -140,7 +144,8 @@ void Trainer::run_training_epoch(DataLoader& train, DataLoader* val) {
     });
     if (automatic && loss.defined()) {
       auto backward = profile("backward");
-      plan_.strategy->backward(accumulate > 1 ? loss / static_cast<double>(accumulate) : loss);
+      auto to_backward = accumulate > 1 ? loss / static_cast<double>(accumulate) : loss;
+      plan_.strategy->backward(scaler_ ? scaler_->scale(to_backward) : to_backward);
       backward.stop();
       if (step_now) optimizer_step();
     } else if (!automatic) {

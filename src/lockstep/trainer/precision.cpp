@@ -4,41 +4,65 @@
 
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <lockstep/core/error.h>
 
 namespace lockstep {
+namespace {
+
+// Autocast's state per device type. LibTorch 2.4 replaced the per-device functions
+// (set_cpu_enabled, set_autocast_gpu_dtype, ...) with ones that take the device type.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+bool autocast_enabled(c10::DeviceType d) { return at::autocast::is_autocast_enabled(d); }
+c10::ScalarType autocast_dtype(c10::DeviceType d) { return at::autocast::get_autocast_dtype(d); }
+void set_autocast(c10::DeviceType d, bool enabled, c10::ScalarType dtype) {
+  at::autocast::set_autocast_enabled(d, enabled);
+  at::autocast::set_autocast_dtype(d, dtype);
+}
+#else
+bool autocast_enabled(c10::DeviceType d) {
+  return d == c10::kCUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
+}
+c10::ScalarType autocast_dtype(c10::DeviceType d) {
+  return d == c10::kCUDA ? at::autocast::get_autocast_gpu_dtype() : at::autocast::get_autocast_cpu_dtype();
+}
+void set_autocast(c10::DeviceType d, bool enabled, c10::ScalarType dtype) {
+  if (d == c10::kCUDA) {
+    at::autocast::set_enabled(enabled);
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  } else {
+    at::autocast::set_cpu_enabled(enabled);
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  }
+}
+#endif
+
+}  // namespace
 
 Precision Precision::parse(const std::string& name, accelerators::Accelerator accelerator) {
   using accelerators::Accelerator;
-  static const std::map<std::string, std::string> aliases{
-      {"32", "32-true"},       {"32-true", "32-true"}, {"64", "64-true"},       {"64-true", "64-true"},
-      {"bf16", "bf16-mixed"},  {"bf16-mixed", "bf16-mixed"}, {"16", "16-mixed"}, {"16-mixed", "16-mixed"}};
-  const auto it = aliases.find(name);
-  if (it == aliases.end()) {
+  static const std::map<std::string, Kind> kinds{
+      {"32", Kind::true_32},          {"32-true", Kind::true_32},    {"64", Kind::true_64},
+      {"64-true", Kind::true_64},     {"bf16", Kind::bf16_mixed},    {"bf16-mixed", Kind::bf16_mixed},
+      {"16", Kind::f16_mixed},        {"16-mixed", Kind::f16_mixed}};
+  const auto it = kinds.find(name);
+  if (it == kinds.end()) {
     throw UsageError("--precision '" + name + "' is unknown. Use 32-true, 64-true, bf16-mixed or 16-mixed.");
   }
-  const std::string& normal = it->second;
-  if (normal == "16-mixed" && accelerator != Accelerator::cuda) {
+  const bool cuda = accelerator == Accelerator::cuda;
+  if (it->second == Kind::f16_mixed && !cuda) {
     throw UsageError("--precision " + name + " needs CUDA (float16 autocast); on CPU use --precision bf16-mixed "
                      "or 32-true.");
   }
-  // Refused until CUDA autocast (and loss scaling for float16) exist.
-  if (accelerator == Accelerator::cuda && (normal == "16-mixed" || normal == "bf16-mixed")) {
-    throw UsageError("--precision " + name + " on CUDA is not implemented yet in Lockstep (CUDA autocast" +
-                     std::string(normal == "16-mixed" ? " with dynamic loss scaling" : "") +
-                     " comes with the LibTorch 2.x CUDA build). Use --precision 32-true on CUDA, or bf16-mixed "
-                     "with --accelerator cpu.");
-  }
-  if (normal == "64-true") return Precision(Kind::true_64);
-  if (normal == "bf16-mixed") return Precision(Kind::bf16_mixed);
-  return Precision(Kind::true_32);
+  return Precision(it->second, cuda ? c10::kCUDA : c10::kCPU);
 }
 
 std::string Precision::name() const {
   switch (kind_) {
     case Kind::true_64: return "64-true";
     case Kind::bf16_mixed: return "bf16-mixed";
+    case Kind::f16_mixed: return "16-mixed";
     case Kind::true_32: break;
   }
   return "32-true";
@@ -54,19 +78,20 @@ void Precision::convert_batch(Batch& batch) const {
   if (batch.target.defined() && batch.target.is_floating_point()) batch.target = batch.target.to(torch::kFloat64);
 }
 
-Precision::StepScope::StepScope(const Precision& precision) : active_(precision.kind() == Kind::bf16_mixed) {
+Precision::StepScope::StepScope(const Precision& precision)
+    : active_(precision.kind() == Kind::bf16_mixed || precision.kind() == Kind::f16_mixed),
+      device_(precision.autocast_device()) {
   if (!active_) return;
-  previous_dtype_ = at::autocast::get_autocast_cpu_dtype();
-  at::autocast::set_cpu_enabled(true);
-  at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+  previous_enabled_ = autocast_enabled(device_);
+  previous_dtype_ = autocast_dtype(device_);
+  set_autocast(device_, true, precision.kind() == Kind::f16_mixed ? c10::kHalf : c10::kBFloat16);
   at::autocast::increment_nesting();
 }
 
 Precision::StepScope::~StepScope() {
   if (!active_) return;
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  at::autocast::set_cpu_enabled(false);
-  at::autocast::set_autocast_cpu_dtype(previous_dtype_);
+  set_autocast(device_, previous_enabled_, previous_dtype_);
 }
 
 }  // namespace lockstep

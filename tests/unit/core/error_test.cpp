@@ -1,6 +1,7 @@
 #include <lockstep/core/error.h>
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 namespace lockstep {
 namespace {
@@ -28,6 +29,20 @@ TEST(Error, CheckThrowsTheGivenClassWithTheJoinedMessageOnlyWhenTheConditionFail
   EXPECT_EQ(evaluated, 1) << "the condition runs once";
   // One statement: safe in an unbraced if/else.
   if (n == 0) LOCKSTEP_CHECK(true, UsageError, "x"); else ADD_FAILURE();
+}
+
+// LibTorch's errors carry a C++ backtrace in what(); ours quote them without it.
+TEST(Error, MessageOfDropsLibTorchsBacktrace) {
+  try {
+    torch::ones({2}).view({3});
+    ADD_FAILURE() << "no throw";
+  } catch (const c10::Error& e) {
+    const std::string message = message_of(e);
+    EXPECT_EQ(message, e.what_without_backtrace());
+    EXPECT_NE(message.find("shape '[3]' is invalid"), std::string::npos) << message;
+    EXPECT_EQ(message.find("frame #"), std::string::npos) << message;
+  }
+  EXPECT_EQ(message_of(std::runtime_error("plain")), "plain");
 }
 
 }  // namespace

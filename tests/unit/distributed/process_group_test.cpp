@@ -10,6 +10,7 @@
 #include <chrono>
 #include <exception>
 #include <functional>
+#include <iostream>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -17,6 +18,9 @@
 
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 #include <torch/torch.h>
 
 #include <lockstep/distributed/collectives.h>
@@ -166,6 +170,39 @@ TEST(Connect, ReturnsOnlyWhenEveryRankHasConnected) {
     EXPECT_EQ(store->add("lockstep/world/subgroup/0/lockstep_connected", 0), 2) << "rank " << rank;
     EXPECT_FLOAT_EQ(all_reduce(*evens, torch::ones({1}), ReduceOp::sum).item<float>(), 2.0f);
   });
+}
+
+// --process-group-backend nccl builds LibTorch's ProcessGroupNCCL where LibTorch has one. Without
+// a GPU its constructor refuses, and that refusal (named, with the fix) proves it was called; a
+// LibTorch without NCCL (Debian's 1.13) refuses the name before anything is built.
+TEST(Backends, NcclIsLibTorchsProcessGroupNcclWhereLibTorchHasIt) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const auto options = ProcessGroupOptions(0, 1).backend("nccl").timeout(10s);
+  std::string message;
+  try {
+    auto group = ProcessGroup::init_with_store(store, options);
+#ifdef USE_C10D_NCCL
+    ASSERT_TRUE(torch::cuda::is_available()) << "a NCCL process group without a GPU";
+    EXPECT_NE(dynamic_cast<c10d::ProcessGroupNCCL*>(group->backend().get()), nullptr);
+    EXPECT_EQ(group->backend_name(), "nccl");
+    return;
+#else
+    FAIL() << "this LibTorch has no NCCL, yet a nccl process group was made";
+#endif
+  } catch (const DistributedError& e) {
+    message = e.what();
+  }
+#ifdef USE_C10D_NCCL
+  ASSERT_FALSE(torch::cuda::is_available()) << message;
+  std::cout << "no GPU here: ProcessGroupNCCL's constructor refused, as expected\n";
+  EXPECT_NE(message.find("rank 0/1: creating the nccl process group failed after"), std::string::npos) << message;
+  EXPECT_NE(message.find("NCCL needs a CUDA GPU for every rank of this machine; without one use "
+                         "--process-group-backend gloo."), std::string::npos) << message;
+  EXPECT_EQ(message.find("frame #"), std::string::npos) << "LibTorch's backtrace: " << message;
+#else
+  EXPECT_NE(message.find("process group backend 'nccl' is not available: this build of Lockstep can create gloo."),
+            std::string::npos) << message;
+#endif
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -68,13 +69,17 @@ int run_group(const std::vector<std::string>& argv, const std::vector<std::strin
 }
 
 TEST(TorchElasticEnvironmentUnderTorchrun, TrainerRunsWithTheDefaultStaticRendezvous) {
-  const std::string torchrun = "/usr/bin/torchrun";
-  if (!std::filesystem::exists(torchrun)) GTEST_SKIP() << torchrun << " is absent (Debian: python3-torch)";
+  // torchrun of the Python whose torch matches this build's LibTorch: a 2.x TCPStore client
+  // cannot talk to 1.13's agent store (its validation ping goes unanswered).
+  const std::string python = LOCKSTEP_TEST_PYTHON;
+  if (std::system((python + " -c 'import torch.distributed.run' 2>/dev/null").c_str()) != 0) {
+    GTEST_SKIP() << python << " has no torch.distributed.run (Debian: python3-torch)";
+  }
   const std::string program = std::string(LOCKSTEP_BIN_DIR) + "/../tests/trainer_program";
   TempDir dir("torchrun");
   const std::string port = std::to_string(launchers::find_free_port());
   // Debian's torchrun crashes at start without --redirects/--tee 1 (torch 1.13 on Python 3.11).
-  const std::vector<std::string> argv = {torchrun, "--nproc_per_node", "2", "--master_port", port,
+  const std::vector<std::string> argv = {python, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
                                          "--redirects", "1", "--tee", "1", "--log_dir", dir / "logs",
                                          "--no_python", program, "--out", dir.path(),
                                          "--default-root-dir", dir / "runs", "--devices", "2",

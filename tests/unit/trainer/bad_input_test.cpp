@@ -64,8 +64,13 @@ TEST_F(TrainerBadInput, EveryCaseExitsTwoAndNamesTheFix) {
       {{"--limit-train-batches", "lots"}, {}, "fraction (0.25) nor a batch count (10)"},
       {{"--limit-train-batches", "1.5"}, {}, "for a count write an integer"},
       {{"--gradient-clip-algorithm", "norm2"}, {}, "value"},
+#ifdef USE_C10D_NCCL  // a LibTorch with NCCL: on the CPU it is refused all the same
+      {{"--process-group-backend", "nccl"}, {}, "but the accelerator is cpu. Use --accelerator cuda, or --process-group-backend gloo."},
+      {{"--process-group-backend", "mpi"}, {}, "can create gloo, nccl. Use --process-group-backend gloo"},
+#else
       {{"--process-group-backend", "nccl"}, {}, "can create gloo. Use --process-group-backend gloo"},
       {{"--process-group-backend", "mpi"}, {}, "can create gloo. Use --process-group-backend gloo"},
+#endif
       {{"--strategy", "ddp_cpu"}, {}, "Use --accelerator cpu --strategy ddp --devices N"},
       {{"--strategy", "ddp2"}, {}, "removed from Lightning 1.7. Use --strategy ddp"},
       {{"--accelerator", "ddp"}, {}, "ddp is a strategy (Lightning 1.x took it as an accelerator). Use --accelerator cpu, cuda or auto and --strategy ddp."},

@@ -2,6 +2,7 @@
 // CPU build): --auto-select-gpus picks free devices once and hands the pick to launched ranks.
 #include <lockstep/trainer/connector.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <set>
@@ -9,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <lockstep/core/error.h>
+#include <lockstep/distributed/process_group.h>
 #include <lockstep/launchers/local_launcher.h>
 #include <lockstep/launchers/worker_environment.h>
 #include "../../support/errors.h"
@@ -139,30 +141,50 @@ TEST(ConnectorGpus, TooFewFreeDevicesIsAUsageError) {
   EXPECT_EQ(gpus.calls(), 5 * 4);
 }
 
-// Mixed precision on CUDA has no autocast (or loss scaling) yet: refused, never float32 under
-// another name. On the CPU bf16-mixed is real (CPU autocast).
-TEST(ConnectorPrecision, MixedPrecisionOnCudaIsRefusedUntilItExists) {
+// Mixed precision on CUDA autocasts there (16-mixed with loss scaling); on the CPU bf16-mixed
+// autocasts on the CPU and 16-mixed is refused.
+TEST(ConnectorPrecision, MixedPrecisionAutocastsOnTheAcceleratorsDevice) {
   FakeGpus gpus{{}};
-  for (const char* precision : {"16-mixed", "16", "bf16-mixed", "bf16"}) {
-    const auto message =
-        error_of<UsageError>([&] { resolve_plan(cuda("1").precision(precision), environments::Environ(), nullptr, 1, gpus.probe()); });
-    EXPECT_NE(message.find("on CUDA is not implemented yet"), std::string::npos) << precision << ": " << message;
-    EXPECT_NE(message.find("Use --precision 32-true on CUDA"), std::string::npos) << message;
-  }
-  EXPECT_EQ(Precision::parse("bf16-mixed", accelerators::Accelerator::cpu).name(), "bf16-mixed");
+  const auto on_cuda = [&](const char* precision) {
+    return resolve_plan(cuda("1").precision(precision), environments::Environ(), nullptr, 1, gpus.probe()).precision;
+  };
+  EXPECT_EQ(on_cuda("16-mixed").kind(), Precision::Kind::f16_mixed);
+  EXPECT_EQ(on_cuda("16").autocast_device(), c10::kCUDA);
+  EXPECT_TRUE(on_cuda("16").scales_loss());
+  EXPECT_EQ(on_cuda("bf16-mixed").kind(), Precision::Kind::bf16_mixed);
+  EXPECT_EQ(on_cuda("bf16").autocast_device(), c10::kCUDA);
+  EXPECT_FALSE(on_cuda("bf16").scales_loss());
+  EXPECT_EQ(Precision::parse("bf16-mixed", accelerators::Accelerator::cpu).autocast_device(), c10::kCPU);
   EXPECT_EQ(Precision::parse("bf16", accelerators::Accelerator::cpu).kind(), Precision::Kind::bf16_mixed);
   EXPECT_EQ(Precision::parse("32", accelerators::Accelerator::cuda).name(), "32-true");
   EXPECT_EQ(Precision::parse("64", accelerators::Accelerator::cpu).kind(), Precision::Kind::true_64);
+  const auto message = error_of<UsageError>([] { Precision::parse("16-mixed", accelerators::Accelerator::cpu); });
+  EXPECT_NE(message.find("needs CUDA (float16 autocast); on CPU use --precision bf16-mixed"), std::string::npos) << message;
 }
 
-// The default backend on CUDA (nccl) is not in this build: the message lists what is.
-TEST(ConnectorBackend, ABackendThisBuildCannotCreateIsRefusedListingTheOnesItCan) {
+// The backends this build can create are taken (nccl, the default on CUDA, with a LibTorch built
+// with NCCL); any other is refused, listing the ones it can.
+TEST(ConnectorBackend, OnlyTheBackendsThisBuildCanCreateAreTaken) {
+  const auto backends = distributed::available_backends();
+#ifdef USE_C10D_NCCL
+  EXPECT_EQ(backends, (std::vector<std::string>{"gloo", "nccl"}));
+  const std::string listed = "gloo, nccl";
+#else
+  EXPECT_EQ(backends, (std::vector<std::string>{"gloo"}));
+  const std::string listed = "gloo";
+#endif
   FakeGpus gpus{{}};
-  for (const char* backend : {"", "nccl", "mpi"}) {
-    auto options = TrainerOptions().accelerator("cuda").devices("1").process_group_backend(backend);
+  for (const std::string backend : {"", "nccl", "mpi", "gloo"}) {
+    const std::string taken = backend.empty() ? "nccl" : backend;
+    auto options = cuda("1").process_group_backend(backend);
+    if (std::find(backends.begin(), backends.end(), taken) != backends.end()) {
+      const auto plan = resolve_plan(options, environments::Environ(), nullptr, 1, gpus.probe());
+      EXPECT_EQ(plan.context.process_group_backend, taken);
+      continue;
+    }
     const auto message = error_of<UsageError>([&] { resolve_plan(options, environments::Environ(), nullptr, 1, gpus.probe()); });
-    EXPECT_NE(message.find("is not available: this build of Lockstep can create gloo. Use --process-group-backend gloo."),
-              std::string::npos) << backend << ": " << message;
+    EXPECT_NE(message.find("is not available: this build of Lockstep can create " + listed +
+                           ". Use --process-group-backend gloo."), std::string::npos) << backend << ": " << message;
   }
 }
 

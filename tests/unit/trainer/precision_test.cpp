@@ -3,6 +3,7 @@
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <lockstep/core/error.h>
 
@@ -34,6 +35,28 @@ TEST(Precision, Bf16MixedAutocastsInsideTheStepScopeOnly) {
   EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kFloat32);
   Precision::StepScope inert(Precision::parse("32-true", accelerators::Accelerator::cpu));
   EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kFloat32);
+}
+
+bool cuda_autocast_enabled() {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  return at::autocast::is_autocast_enabled(at::kCUDA);
+#else
+  return at::autocast::is_enabled();
+#endif
+}
+
+// On CUDA the scope turns CUDA autocast on (no GPU needed to see the flag) and leaves the CPU's
+// alone; it restores what it found.
+TEST(Precision, CudaMixedPrecisionAutocastsOnCudaOnly) {
+  for (const char* name : {"16-mixed", "bf16-mixed"}) {
+    {
+      Precision::StepScope scope(Precision::parse(name, accelerators::Accelerator::cuda));
+      EXPECT_TRUE(cuda_autocast_enabled()) << name;
+      EXPECT_EQ(torch::mm(torch::ones({2, 2}), torch::ones({2, 2})).scalar_type(), torch::kFloat32) << name;
+    }
+    EXPECT_FALSE(cuda_autocast_enabled()) << name;
+  }
+  EXPECT_EQ(Precision::parse("16", accelerators::Accelerator::cuda).name(), "16-mixed");
 }
 
 TEST(Precision, SixtyFourTrueConvertsFloatingTensorsOnly) {

@@ -191,8 +191,8 @@ void SharedMemoryAllreduce::run() {
       reduce(job);
       job.future->markCompleted(c10::IValue(job.tensor));
     } catch (const std::exception& e) {
-      if (broken.empty()) broken = e.what();
-      job.future->setError(std::make_exception_ptr(DistributedError(e.what())));
+      if (broken.empty()) broken = message_of(e);
+      job.future->setError(std::make_exception_ptr(DistributedError(message_of(e))));
     }
   }
 }
@@ -228,7 +228,7 @@ void SharedMemoryAllreduce::reduce(const Job& job) {
     try {
       across_->backend()->allreduce(part, options)->wait(timeout_);
     } catch (const std::exception& e) {
-      fail_all(std::string("the sum across hosts (") + across_->describe() + ") failed: " + e.what());
+      fail_all(std::string("the sum across hosts (") + across_->describe() + ") failed: " + message_of(e));
     }
     part[0].div_(job.divisor);
     for (int r = 0; r < local_size_; ++r) {
