@@ -121,6 +121,7 @@ def main():
     p.add_argument("--lr-gamma", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--accelerator", default="cpu", help="cpu, or cuda (scripts/gpu-check)")
     p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--default-root-dir", default=os.getcwd())
     args = p.parse_args()
@@ -130,7 +131,8 @@ def main():
     pl.seed_everything(args.seed, verbose=False)
     train, val = FashionMnist(args.data_dir, "train"), FashionMnist(args.data_dir, "t10k")
     model = Classifier(train, val, args)
-    trainer = pl.Trainer(accelerator="cpu", devices=args.devices, strategy="ddp", max_epochs=args.max_epochs,
+    trainer = pl.Trainer(accelerator=args.accelerator, devices=args.devices,
+                         strategy="ddp" if args.devices > 1 else "auto", max_epochs=args.max_epochs,
                          logger=False, enable_progress_bar=False, enable_model_summary=False,
                          enable_checkpointing=False, use_distributed_sampler=False,
                          default_root_dir=args.default_root_dir)

@@ -31,14 +31,16 @@ TEST(Error, CheckThrowsTheGivenClassWithTheJoinedMessageOnlyWhenTheConditionFail
   if (n == 0) LOCKSTEP_CHECK(true, UsageError, "x"); else ADD_FAILURE();
 }
 
-// LibTorch's errors carry a C++ backtrace in what(); ours quote them without it.
+// LibTorch's errors may carry a C++ backtrace in what() (2.x does); ours quote them without it.
 TEST(Error, MessageOfDropsLibTorchsBacktrace) {
+  const c10::Error made(c10::SourceLocation{"f", "file.cpp", 1}, "shape '[3]' is invalid");
+  EXPECT_EQ(message_of(made).rfind("shape '[3]' is invalid", 0), 0u) << message_of(made);
+  EXPECT_EQ(message_of(made).find("frame #"), std::string::npos) << message_of(made);
   try {
     torch::ones({2}).view({3});
     ADD_FAILURE() << "no throw";
-  } catch (const c10::Error& e) {
+  } catch (const std::exception& e) {
     const std::string message = message_of(e);
-    EXPECT_EQ(message, e.what_without_backtrace());
     EXPECT_NE(message.find("shape '[3]' is invalid"), std::string::npos) << message;
     EXPECT_EQ(message.find("frame #"), std::string::npos) << message;
   }
