@@ -4,10 +4,21 @@
 #include <map>
 #include <string>
 
+#include <torch/version.h>
+
 #include "lockstep/launchers/launch_options.h"
 
 namespace lockstep {
 namespace launchers {
+
+/// The variable that turns on NCCL's asynchronous error handling, under the name this build's
+/// LibTorch reads and its torchrun sets: NCCL_ASYNC_ERROR_HANDLING up to torch 2.1,
+/// TORCH_NCCL_ASYNC_ERROR_HANDLING from 2.2.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
+constexpr const char* kNcclAsyncErrorHandling = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
+#else
+constexpr const char* kNcclAsyncErrorHandling = "NCCL_ASYNC_ERROR_HANDLING";
+#endif
 
 /// The variables torch 1.13's torchrun (elastic agent, static rendezvous) adds to a worker's
 /// environment, so a program cannot tell our launch from torchrun's:
@@ -24,9 +35,8 @@ namespace launchers {
 ///   TORCHELASTIC_ERROR_FILE = <log_dir>/attempt_0/<local_rank>/error.json, where an empty
 ///                         log_dir stands for $TMPDIR/lockstep_<run_id> (launchers replace an empty
 ///                         log_dir by a fresh private folder before calling this)
-///   NCCL_ASYNC_ERROR_HANDLING = the parent's value, else "1"
+///   kNcclAsyncErrorHandling = the parent's value, else "1"
 ///   OMP_NUM_THREADS     = the parent's value; "1" if unset and nproc_per_node > 1; else absent
-/// (torch 1.13 sets NCCL_ASYNC_ERROR_HANDLING only; TORCH_NCCL_ASYNC_ERROR_HANDLING is torch 2.2+.)
 /// Throws LaunchError when local_rank is outside 0..nproc_per_node-1 or resolved_port outside
 /// 1..65535.
 std::map<std::string, std::string> worker_variables(const LaunchOptions& options, int local_rank,

@@ -53,8 +53,8 @@ std::map<std::string, std::string> worker_variables(const LaunchOptions& options
       {"TORCHELASTIC_ERROR_FILE",
        log_dir + "/attempt_0/" + std::to_string(local_rank) + "/error.json"},
   };
-  const char* nccl = std::getenv("NCCL_ASYNC_ERROR_HANDLING");
-  vars["NCCL_ASYNC_ERROR_HANDLING"] = nccl != nullptr ? nccl : "1";
+  const char* nccl = std::getenv(kNcclAsyncErrorHandling);
+  vars[kNcclAsyncErrorHandling] = nccl != nullptr ? nccl : "1";
   // torchrun sets OMP_NUM_THREADS=1 so N workers do not each start a thread per core.
   if (const char* omp = std::getenv("OMP_NUM_THREADS")) {
     vars["OMP_NUM_THREADS"] = omp;

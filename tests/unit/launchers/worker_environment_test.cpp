@@ -49,7 +49,7 @@ const std::set<std::string> kTorchrunNames = {
     "LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
     "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "NCCL_ASYNC_ERROR_HANDLING"};
+    "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", kNcclAsyncErrorHandling};
 
 struct Layout {
   int nproc;
@@ -125,11 +125,11 @@ TEST(launch_worker_environment_omp, OnlySetWhenTheParentLeftItUnset) {
 
 TEST(launch_worker_environment_nccl, KeepsTheParentsAsyncErrorHandling) {
   {
-    ScopedVariable nccl("NCCL_ASYNC_ERROR_HANDLING", std::string("0"));
-    EXPECT_EQ(worker_variables(LaunchOptions(), 0, 1234).at("NCCL_ASYNC_ERROR_HANDLING"), "0");
+    ScopedVariable nccl(kNcclAsyncErrorHandling, std::string("0"));
+    EXPECT_EQ(worker_variables(LaunchOptions(), 0, 1234).at(kNcclAsyncErrorHandling), "0");
   }
-  ScopedVariable nccl("NCCL_ASYNC_ERROR_HANDLING", std::nullopt);
-  EXPECT_EQ(worker_variables(LaunchOptions(), 0, 1234).at("NCCL_ASYNC_ERROR_HANDLING"), "1");
+  ScopedVariable nccl(kNcclAsyncErrorHandling, std::nullopt);
+  EXPECT_EQ(worker_variables(LaunchOptions(), 0, 1234).at(kNcclAsyncErrorHandling), "1");
 }
 
 TEST(launch_worker_environment_errors, RejectsRankOrPortOutOfRange) {
@@ -190,13 +190,20 @@ TEST(launch_worker_environment_torchrun, SameVariablesAsRealTorchrun) {
                                           "TORCHELASTIC_USE_AGENT_STORE"};
   for (int rank = 0; rank < 2; ++rank) {
     SCOPED_TRACE("local_rank " + std::to_string(rank));
-    const auto theirs = read_variables(torchrun_dir.file("env." + std::to_string(rank)));
+    auto theirs = read_variables(torchrun_dir.file("env." + std::to_string(rank)));
     auto mine = read_variables(ours_dir.file("env." + std::to_string(rank)));
     ASSERT_FALSE(theirs.empty());
     // Lockstep's one addition: a one-machine job meets in a private file, not on a port.
     ASSERT_EQ(mine.count("LOCKSTEP_STORE_FILE"), 1u);
     mine.erase("LOCKSTEP_STORE_FILE");
-    EXPECT_EQ(names(mine), names(theirs));
+    // torchrun 2.2+ tells workers which signals its agent handles (SIGTERM,SIGINT,SIGHUP,SIGQUIT);
+    // Lockstep's launcher forwards SIGINT, SIGTERM and SIGHUP and does not claim SIGQUIT.
+    theirs.erase("TORCHELASTIC_SIGNALS_TO_HANDLE");
+    const auto ours_names = names(mine), their_names = names(theirs);
+    std::string only_ours, only_theirs;
+    for (const auto& n : ours_names) if (!their_names.count(n)) only_ours += n + " ";
+    for (const auto& n : their_names) if (!ours_names.count(n)) only_theirs += n + " ";
+    EXPECT_EQ(only_ours + "| " + only_theirs, "| ") << "names only we set | only torchrun sets";
     for (const auto& [name, value] : theirs) {
       if (identity.count(name) > 0 || mine.count(name) == 0) continue;
       EXPECT_EQ(mine.at(name), value) << name;
