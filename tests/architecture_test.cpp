@@ -26,6 +26,7 @@ const std::vector<std::vector<std::string>> kLayers = {
     {"strategies"},                               // single, ddp, ddp_separate
     {"loggers", "callbacks"},                     // see the Trainer through TrainerView
     {"trainer"},                                  // orchestration
+    {"fabric"},                                   // your own loop on the trainer's connector and precision
     {"cli"},                                      // flags and the guarded main
 };
 

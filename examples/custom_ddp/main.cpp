@@ -47,7 +47,7 @@ class CustomDDPStrategy : public strategies::DDPStrategy {
   CustomDDPStrategy() : DDPStrategy(distributed::DDPOptions(), "popen", "custom_ddp") {}
 
   std::shared_ptr<distributed::DistributedDataParallelBase> configure_ddp(
-      const std::shared_ptr<TrainingModule>& module, const std::vector<int>& /*device_ids*/) override {
+      const std::shared_ptr<torch::nn::Module>& module, const std::vector<int>& /*device_ids*/) override {
     return std::make_shared<CountingDDP>(module, process_group(), ddp_options());
   }
 

@@ -42,6 +42,10 @@
 #include <lockstep/environments/mpi_environment.h>
 #include <lockstep/environments/slurm_environment.h>
 #include <lockstep/environments/torchelastic_environment.h>
+#include <lockstep/fabric/fabric.h>
+#include <lockstep/fabric/fabric_module.h>
+#include <lockstep/fabric/fabric_options.h>
+#include <lockstep/fabric/fabric_state.h>
 #include <lockstep/launchers/local_launcher.h>
 #include <lockstep/launchers/launch.h>
 #include <lockstep/launchers/launcher.h>

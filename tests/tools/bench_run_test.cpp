@@ -68,6 +68,10 @@ TEST(BenchRun, QuickRunWritesEverySection) {
 
   const auto& t = j["trainer_overhead"];
   for (const char* key : {"trainer_s_per_epoch", "loop_s_per_epoch", "ratio"}) expect_positive(t[key], key);
+  const auto& f = j["fabric_overhead"];
+  for (const char* key : {"fabric_steps_per_s", "plain_steps_per_s", "ratio"}) expect_positive(f[key], key);
+  EXPECT_NEAR(f["fabric_last_loss"].get<double>(), f["plain_last_loss"].get<double>(), 1e-5)
+      << "the two loops must train alike: " << f.dump();
 
   const auto& g = j["gradient_sync"];
   EXPECT_TRUE(g["comm_bench"]["correct"].get<bool>());

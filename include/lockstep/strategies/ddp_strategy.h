@@ -19,7 +19,7 @@ namespace strategies {
 ///
 ///   struct MyDDP : lockstep::strategies::DDPStrategy {
 ///     std::shared_ptr<distributed::DistributedDataParallelBase> configure_ddp(
-///         const std::shared_ptr<TrainingModule>& module, const std::vector<int>& device_ids) override {
+///         const std::shared_ptr<torch::nn::Module>& module, const std::vector<int>& device_ids) override {
 ///       return std::make_shared<MyWrapper>(module, process_group(), ddp_options());
 ///     }
 ///   };
@@ -35,12 +35,14 @@ class DDPStrategy : public Strategy {
   std::unique_ptr<launchers::Launcher> launcher() override;
   void setup_environment() override;
   torch::Device root_device() const override;
-  void setup_module(const std::shared_ptr<TrainingModule>& module) override;
+  void setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
   void teardown() override;
+  void prepare_forward() override;
 
-  /// Wraps the module; override to return your own wrapper. `device_ids` is empty on CPU.
+  /// Wraps the module (the Trainer's TrainingModule, or the module given to Fabric::setup);
+  /// override to return your own wrapper. `device_ids` is empty on CPU.
   virtual std::shared_ptr<distributed::DistributedDataParallelBase> configure_ddp(
-      const std::shared_ptr<TrainingModule>& module, const std::vector<int>& device_ids);
+      const std::shared_ptr<torch::nn::Module>& module, const std::vector<int>& device_ids);
 
   torch::Tensor training_step(TrainingModule& module, Batch& batch, int64_t batch_idx) override;
   void manual_backward(const torch::Tensor& loss) override;
@@ -65,7 +67,7 @@ class DDPStrategy : public Strategy {
  protected:
   /// With sync_batchnorm: converts the module's BatchNorms, or throws UsageError naming those
   /// held by typed members, which the conversion cannot reach.
-  void convert_sync_batchnorm(const std::shared_ptr<TrainingModule>& module);
+  void convert_sync_batchnorm(const std::shared_ptr<torch::nn::Module>& module);
 
  private:
   distributed::DDPOptions ddp_options_;

@@ -25,8 +25,9 @@ class SeparateDDPStrategy : public DDPStrategy {
   explicit SeparateDDPStrategy(distributed::DDPOptions options = distributed::separate_ddp_options(),
                                std::string start_method = "popen");
 
-  void setup_module(const std::shared_ptr<TrainingModule>& module) override;
+  void setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
   void teardown() override;
+  void prepare_forward() override;
   torch::Tensor training_step(TrainingModule& module, Batch& batch, int64_t batch_idx) override;
   void manual_backward(const torch::Tensor& loss) override;
   void set_gradient_sync(bool enabled) override;

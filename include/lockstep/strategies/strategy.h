@@ -17,6 +17,7 @@
 #include <lockstep/launchers/launcher.h>
 
 namespace lockstep {
+class DataLoader;
 class TrainingModule;
 namespace environments {
 class ClusterEnvironment;
@@ -54,8 +55,11 @@ class Strategy {
   virtual torch::Device root_device() const { return torch::Device(torch::kCPU); }
   virtual void module_to_device(torch::nn::Module& module) { module.to(root_device()); }
   /// Wraps the module for training (DDP does it here); the module is already on its device.
-  virtual void setup_module(const std::shared_ptr<TrainingModule>& module) {}
+  virtual void setup_module(const std::shared_ptr<torch::nn::Module>& module) {}
   virtual void teardown() {}
+  /// Before a forward that runs outside training_step (Fabric's modules): DDP broadcasts buffers
+  /// and rebuilds its buckets here.
+  virtual void prepare_forward() {}
 
   // One training step.
   virtual torch::Tensor training_step(TrainingModule& module, Batch& batch, int64_t batch_idx);
@@ -86,6 +90,10 @@ class Strategy {
  protected:
   StrategyContext context_;
 };
+
+/// Puts a DistributedSampler on `loader` when `strategy` splits data over ranks and the loader has
+/// no sampler yet; `shuffle` and the loader's seed order each epoch.
+void add_distributed_sampler(const Strategy& strategy, DataLoader& loader, bool shuffle);
 
 /// One process, one device: what `--strategy single_device` (and auto with one device) runs.
 class SingleDeviceStrategy : public Strategy {

@@ -36,4 +36,9 @@ ExecutionPlan resolve_plan(const TrainerOptions& options, const environments::En
 /// Sets the strategy's context.
 ExecutionPlan launched_plan(ExecutionPlan plan, const distributed::Placement& placement);
 
+/// Starts the job `plan` describes, from this process, as the Trainer and Fabric do: when the
+/// strategy has a launcher, starts this node's other processes (re-executed ones run main() again
+/// and arrive here with their own plan), then joins the process group. Returns this process's plan.
+ExecutionPlan launch(ExecutionPlan plan);
+
 }  // namespace lockstep

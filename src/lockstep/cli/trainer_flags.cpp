@@ -101,6 +101,21 @@ void warn_about_unknown_variables(const std::string& program, const std::vector<
   }
 }
 
+// Seeded as soon as the flag is read, so that a model built before fit() starts from the same
+// weights every run (LightningCLI seeds before it instantiates anything).
+void add_seed_flag(CLI::App& app, int64_t& stored) {
+  app.add_option_function<int64_t>(
+         "--seed",
+         [&stored](const int64_t& seed) {
+           stored = seed;
+           if (seed >= 0) seed_everything(static_cast<uint64_t>(seed));
+         },
+         "seed for every random generator, applied when the flags are read (-1: unseeded)")
+      ->envname(variable_for("--seed"))
+      ->default_str(std::to_string(stored))
+      ->check(CLI::Range(int64_t{-1}, std::numeric_limits<int64_t>::max()));
+}
+
 }  // namespace
 
 void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
@@ -121,18 +136,7 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
   add(g, "--gradient-clip-val", o.gradient_clip_val(), "clip gradients to this norm or value (0: off)")
       ->check(CLI::Range(0.0, 1e12));
   add(g, "--gradient-clip-algorithm", o.gradient_clip_algorithm(), "norm|value")->check(CLI::IsMember({"norm", "value"}));
-  // Seeded as soon as the flag is read, so that a model built before fit() starts from the
-  // same weights every run (LightningCLI seeds before it instantiates anything).
-  g.add_option_function<int64_t>(
-       "--seed",
-       [&o](const int64_t& seed) {
-         o.seed(seed);
-         if (seed >= 0) seed_everything(static_cast<uint64_t>(seed));
-       },
-       "seed for every random generator, applied when the flags are read (-1: unseeded)")
-      ->envname(variable_for("--seed"))
-      ->default_str(std::to_string(o.seed()))
-      ->check(CLI::Range(int64_t{-1}, std::numeric_limits<int64_t>::max()));
+  add_seed_flag(g, o.seed());
   add(g, "--deterministic", o.deterministic(), "true|false: deterministic algorithms only");
   add(g, "--default-root-dir", o.default_root_dir(), "where logs and checkpoints go");
   add(g, "--ckpt-path", o.ckpt_path(), "checkpoint to resume from, or 'last'");
@@ -156,6 +160,19 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
       ->check(CLI::Range(0.001, 1e9));
   add(g, "--benchmark", o.benchmark(), "true|false: cudnn.benchmark (CUDA; no effect on the CPU)");
   add(g, "--profiler", o.profiler(), "true|false: print time per hook at the end");
+  add_retired_flags(app);
+}
+
+void add_fabric_flags(CLI::App& app, FabricOptions& o, int64_t& seed) {
+  auto& g = *app.add_option_group("Fabric", "Fabric flags (each also LOCKSTEP_TRAINER_<FLAG>)");
+  add(g, "--accelerator", o.accelerator(), "auto|cpu|cuda|gpu");
+  add(g, "--devices", o.devices(), "auto, a count N, -1 (all GPUs), or GPU ids \"0,2\"");
+  add(g, "--strategy", o.strategy(), "auto|single_device|ddp|ddp_fork|ddp_separate|...");
+  add(g, "--num-nodes", o.num_nodes(), "nodes in the job")->check(CLI::Range(1, 1 << 20));
+  add(g, "--precision", o.precision(), "32-true|64-true|bf16-mixed|16-mixed");
+  add(g, "--process-group-backend", o.process_group_backend(), "gloo (the backends this build can create)");
+  add(g, "--timeout", o.timeout(), "seconds a collective may block before it fails")->check(CLI::Range(0.001, 1e9));
+  add_seed_flag(g, seed);
   add_retired_flags(app);
 }
 

@@ -79,11 +79,11 @@ torch::Device DDPStrategy::root_device() const {
 }
 
 std::shared_ptr<distributed::DistributedDataParallelBase> DDPStrategy::configure_ddp(
-    const std::shared_ptr<TrainingModule>& module, const std::vector<int>& device_ids) {
+    const std::shared_ptr<torch::nn::Module>& module, const std::vector<int>& device_ids) {
   return std::make_shared<distributed::DistributedDataParallelBase>(module, process_group(), ddp_options_);
 }
 
-void DDPStrategy::convert_sync_batchnorm(const std::shared_ptr<TrainingModule>& module) {
+void DDPStrategy::convert_sync_batchnorm(const std::shared_ptr<torch::nn::Module>& module) {
   if (!context_.sync_batchnorm) return;
   distributed::convert_sync_batchnorm(module, process_group());
   const auto held = distributed::detail::replaced_batchnorms_still_held(*module);
@@ -97,7 +97,7 @@ void DDPStrategy::convert_sync_batchnorm(const std::shared_ptr<TrainingModule>& 
                    "without --sync-batchnorm.");
 }
 
-void DDPStrategy::setup_module(const std::shared_ptr<TrainingModule>& module) {
+void DDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
   convert_sync_batchnorm(module);
   std::vector<int> device_ids;
   if (context_.accelerator == accelerators::Accelerator::cuda) device_ids.push_back(root_device().index());
@@ -105,6 +105,10 @@ void DDPStrategy::setup_module(const std::shared_ptr<TrainingModule>& module) {
 }
 
 void DDPStrategy::teardown() { ddp_.reset(); }
+
+void DDPStrategy::prepare_forward() {
+  if (ddp_) ddp_->prepare_forward();
+}
 
 torch::Tensor DDPStrategy::training_step(TrainingModule& module, Batch& batch, int64_t batch_idx) {
   // Before the forward, also with manual optimisation: backward may need the broadcast buffers

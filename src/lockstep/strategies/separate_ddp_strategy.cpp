@@ -17,7 +17,7 @@ const bool registered = register_strategy(
 SeparateDDPStrategy::SeparateDDPStrategy(distributed::DDPOptions options, std::string start_method)
     : DDPStrategy(std::move(options), std::move(start_method), "ddp_separate") {}
 
-void SeparateDDPStrategy::setup_module(const std::shared_ptr<TrainingModule>& module) {
+void SeparateDDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
   convert_sync_batchnorm(module);
   std::vector<c10::Device> device_ids;
   if (context_.accelerator == accelerators::Accelerator::cuda) device_ids.push_back(root_device());
@@ -27,6 +27,10 @@ void SeparateDDPStrategy::setup_module(const std::shared_ptr<TrainingModule>& mo
 void SeparateDDPStrategy::teardown() {
   separate_.reset();
   DDPStrategy::teardown();
+}
+
+void SeparateDDPStrategy::prepare_forward() {
+  if (separate_) separate_->prepare_forward();
 }
 
 torch::Tensor SeparateDDPStrategy::training_step(TrainingModule& module, Batch& batch, int64_t batch_idx) {

@@ -1,10 +1,14 @@
 #include <lockstep/trainer/connector.h>
 
+#include <sched.h>
+
+#include <iostream>
 #include <map>
 
 #include <lockstep/accelerators/device_parser.h>
 #include <lockstep/core/error.h>
 #include <lockstep/distributed/process_group.h>
+#include <lockstep/distributed/rank_zero.h>
 #include <lockstep/environments/torchelastic_environment.h>
 #include <lockstep/strategies/registry.h>
 
@@ -81,6 +85,19 @@ std::shared_ptr<strategies::Strategy> strategy_for(const TrainerOptions& o, int 
   return strategies::create_strategy(name);
 }
 
+// Once, in the process that launches the others.
+void warn_if_ranks_outnumber_cores(const ExecutionPlan& plan) {
+  if (plan.context.accelerator != accelerators::Accelerator::cpu) return;
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  if (::sched_getaffinity(0, sizeof(cpus), &cpus) != 0) return;
+  const int cores = CPU_COUNT(&cpus);
+  if (plan.context.devices_per_node <= cores) return;
+  std::cerr << "lockstep: warning: --devices " << plan.context.devices_per_node << " starts " << plan.context.devices_per_node
+            << " processes on " << cores << " CPU core(s): the ranks share cores and every step waits for the "
+            << "slowest, so the job runs slower than with --devices " << cores << ".\n";
+}
+
 }  // namespace
 
 
@@ -136,6 +153,18 @@ ExecutionPlan resolve_plan(const TrainerOptions& o, const environments::Environ&
 ExecutionPlan launched_plan(ExecutionPlan plan, const distributed::Placement& placement) {
   plan.context.environment = std::make_shared<environments::TorchElasticEnvironment>(placement);
   plan.strategy->set_context(plan.context);
+  return plan;
+}
+
+ExecutionPlan launch(ExecutionPlan plan) {
+  if (auto launcher = plan.strategy->launcher()) {
+    warn_if_ranks_outnumber_cores(plan);
+    // Returns in rank 0 and in forked ranks with their placement; re-executed ranks run main()
+    // again and find theirs in the environment, where resolve_plan read it.
+    if (const auto placement = launcher->launch()) plan = launched_plan(std::move(plan), *placement);
+  }
+  plan.strategy->setup_environment();
+  distributed::set_global_rank(plan.strategy->global_rank());
   return plan;
 }
 

@@ -1,7 +1,5 @@
 #include <lockstep/trainer/trainer.h>
 
-#include <sched.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -23,7 +21,6 @@
 #include <lockstep/core/blas.h>
 #include <lockstep/core/seed.h>
 #include <lockstep/core/error.h>
-#include <lockstep/distributed/rank_zero.h>
 #include <lockstep/launchers/launcher.h>
 #include <lockstep/loggers/csv_logger.h>
 
@@ -74,19 +71,6 @@ int64_t resolve_val_check_batch(const std::string& interval, int64_t batches) {
 template <typename T>
 bool has_callback(const std::vector<std::shared_ptr<Callback>>& callbacks) {
   return std::any_of(callbacks.begin(), callbacks.end(), [](const auto& c) { return dynamic_cast<T*>(c.get()) != nullptr; });
-}
-
-// Once, in the process that launches the others.
-void warn_if_ranks_outnumber_cores(const ExecutionPlan& plan) {
-  if (plan.context.accelerator != accelerators::Accelerator::cpu) return;
-  cpu_set_t cpus;
-  CPU_ZERO(&cpus);
-  if (::sched_getaffinity(0, sizeof(cpus), &cpus) != 0) return;
-  const int cores = CPU_COUNT(&cpus);
-  if (plan.context.devices_per_node <= cores) return;
-  std::cerr << "lockstep: warning: --devices " << plan.context.devices_per_node << " starts " << plan.context.devices_per_node
-            << " processes on " << cores << " CPU core(s): the ranks share cores and every step waits for the "
-            << "slowest, so the job runs slower than with --devices " << cores << ".\n";
 }
 
 }  // namespace
@@ -171,15 +155,7 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
     if (options_.seed() >= 0) seed_everything(static_cast<uint64_t>(options_.seed()));
     if (options_.deterministic()) at::globalContext().setDeterministicAlgorithms(true, false);
     const int cuda = accelerators::cuda_device_count();
-    plan_ = resolve_plan(options_, environments::Environ::from_process(), user_strategy_, cuda);
-    if (auto launcher = plan_.strategy->launcher()) {
-      warn_if_ranks_outnumber_cores(plan_);
-      // Returns in rank 0 and in forked ranks with their placement; re-executed ranks run main()
-      // again and find theirs in the environment, where resolve_plan above read it.
-      if (const auto placement = launcher->launch()) plan_ = launched_plan(std::move(plan_), *placement);
-    }
-    plan_.strategy->setup_environment();
-    distributed::set_global_rank(plan_.strategy->global_rank());
+    plan_ = launch(resolve_plan(options_, environments::Environ::from_process(), user_strategy_, cuda));
     at::globalContext().setBenchmarkCuDNN(options_.benchmark());
     if (options_.benchmark() && plan_.context.accelerator != accelerators::Accelerator::cuda && plan_.strategy->is_global_zero()) {
       std::cerr << "lockstep: --benchmark true has no effect on the CPU: it lets cuDNN time and pick convolution "
@@ -219,13 +195,7 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
 }
 
 void Trainer::attach_sampler(DataLoader& loader, bool shuffle) {
-  const auto kwargs = plan_.strategy->distributed_sampler_kwargs();
-  if (!kwargs || !options_.use_distributed_sampler() || loader.has_sampler()) return;
-  loader.set_sampler(std::make_shared<distributed::DistributedSampler>(
-      loader.dataset()->size(), distributed::SamplerOptions(kwargs->first, kwargs->second)
-                                    .shuffle(shuffle)
-                                    .seed(loader.options().seed())
-                                    .drop_last(false)));
+  if (options_.use_distributed_sampler()) strategies::add_distributed_sampler(*plan_.strategy, loader, shuffle);
 }
 
 void Trainer::log(const std::string& name, double value, const LogOptions& options) {

@@ -1,0 +1,157 @@
+// Fabric across processes: tests/programs/fabric_program launched as a user launches it
+// (--devices 2 re-executes it for rank 1), each rank writing what it saw.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <lockstep/checkpoint/checkpoint_io.h>
+
+#include "../../support/command.h"
+#include "../../support/temp_dir.h"
+
+namespace lockstep {
+namespace {
+
+const std::string program = std::string(LOCKSTEP_BIN_DIR) + "/../tests/fabric_program";
+
+testing::CommandResult run_program(const std::string& out, std::vector<std::string> flags) {
+  std::filesystem::create_directories(out);
+  std::vector<std::string> argv{program, "--out", out, "--timeout", "30"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  return testing::run_command(argv, {{"PATH", "/usr/bin:/bin"}, {"OMP_NUM_THREADS", "1"}, {"LOCKSTEP_NO_BLAS_WARNING", "1"}},
+                              std::chrono::seconds(90));
+}
+
+nlohmann::json rank_file(const std::string& out, int rank) {
+  std::ifstream in(out + "/collectives." + std::to_string(rank) + ".json");
+  if (!in) return nullptr;
+  return nlohmann::json::parse(in);
+}
+
+std::vector<torch::Tensor> load_tensors(const std::string& path) {
+  std::vector<torch::Tensor> tensors;
+  if (std::filesystem::exists(path)) torch::load(tensors, path);
+  return tensors;
+}
+
+double max_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  EXPECT_FALSE(a.empty());
+  double worst = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
+  return worst;
+}
+
+TEST(FabricDDP, RanksAndCollectivesOnTwoProcesses) {
+  testing::TempDir dir("lockstep_fabric_collectives");
+  const auto result = run_program(dir.path(), {"--case", "collectives", "--devices", "2", "--strategy", "ddp"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  for (int r = 0; r < 2; ++r) {
+    const auto j = rank_file(dir.path(), r);
+    ASSERT_FALSE(j.is_null()) << "rank " << r << " wrote nothing\n" << result.err;
+    EXPECT_EQ(j["global_rank"], r);
+    EXPECT_EQ(j["local_rank"], r);
+    EXPECT_EQ(j["node_rank"], 0);
+    EXPECT_EQ(j["world_size"], 2);
+    EXPECT_EQ(j["is_global_zero"], r == 0);
+    EXPECT_EQ(j["device"], "cpu");
+    // Rank r holds [1 + r, 2 (1 + r)].
+    EXPECT_EQ(j["all_reduce"]["mean"], (std::vector<double>{1.5, 3.0})) << "rank " << r;
+    EXPECT_EQ(j["all_reduce"]["sum"], (std::vector<double>{3.0, 6.0})) << "rank " << r;
+    EXPECT_EQ(j["all_reduce"]["max"], (std::vector<double>{2.0, 4.0})) << "rank " << r;
+    EXPECT_EQ(j["all_reduce"]["min"], (std::vector<double>{1.0, 2.0})) << "rank " << r;
+    EXPECT_EQ(j["input_after_all_reduce"], (std::vector<double>{1.0 + r, 2.0 * (1 + r)})) << "the input must be left as it was";
+    EXPECT_EQ(j["all_reduce_double_sum"], 2.0);
+    EXPECT_EQ(j["all_gather_shape"], (std::vector<int64_t>{2, 2}));
+    EXPECT_EQ(j["all_gather"], (std::vector<double>{0, 0, 1, 10}));
+    EXPECT_EQ(j["broadcast_tensor"], (std::vector<double>{101, 101, 101})) << "rank 1's tensor, on rank " << r;
+    EXPECT_EQ(j["broadcast_string"], "written by rank 0");
+  }
+  EXPECT_NE(result.out.find("printed by rank 0\n"), std::string::npos) << result.out;
+  EXPECT_EQ(result.out.find("printed by rank 1"), std::string::npos) << "print is for rank 0 only:\n" << result.out;
+  const std::string csv = testing::slurp(dir / "logs/lockstep_logs/version_0/metrics.csv");
+  EXPECT_NE(csv.find("3,"), std::string::npos) << csv;
+  EXPECT_NE(csv.find("1.5"), std::string::npos) << "rank 0's log_dict value:\n" << csv;
+  EXPECT_EQ(csv.find("2.5,2.5"), std::string::npos) << "rank 1 must not log:\n" << csv;
+}
+
+// 2 ranks on 8 examples each equal 1 process on the 16 they make together, step after step.
+TEST(FabricDDP, TwoRanksEqualOneProcessOnTheDoubledBatch) {
+  testing::TempDir dir("lockstep_fabric_parity");
+  auto one = run_program(dir / "one", {"--case", "train", "--devices", "1", "--batch-size", "16"});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  auto two = run_program(dir / "two", {"--case", "train", "--devices", "2", "--strategy", "ddp", "--batch-size", "8"});
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  const auto single = load_tensors(dir / "one/params.0.pt");
+  EXPECT_LE(max_diff(single, load_tensors(dir / "two/params.0.pt")), 1e-6);
+  EXPECT_EQ(max_diff(load_tensors(dir / "two/params.0.pt"), load_tensors(dir / "two/params.1.pt")), 0.0)
+      << "both ranks must hold the same parameters";
+}
+
+// Accumulating 2 batches of 4 per rank (no_backward_sync on the first) equals 16 at once on one
+// process; between the two, each rank's gradients are its own (nothing was reduced).
+TEST(FabricDDP, NoBackwardSyncAccumulationEqualsTheWholeBatch) {
+  testing::TempDir dir("lockstep_fabric_accumulate");
+  auto whole = run_program(dir / "whole", {"--case", "train", "--devices", "1", "--batch-size", "16"});
+  ASSERT_EQ(whole.exit_code, 0) << whole.err;
+  auto parts = run_program(dir / "parts", {"--case", "train", "--devices", "2", "--strategy", "ddp", "--batch-size", "4",
+                                           "--accumulate", "2"});
+  ASSERT_EQ(parts.exit_code, 0) << parts.err;
+  EXPECT_LE(max_diff(load_tensors(dir / "whole/params.0.pt"), load_tensors(dir / "parts/params.0.pt")), 1e-6);
+  EXPECT_GT(max_diff(load_tensors(dir / "parts/accumulated.0.pt"), load_tensors(dir / "parts/accumulated.1.pt")), 1e-4)
+      << "the gradients under no_backward_sync must not be reduced";
+}
+
+// A DDPStrategy subclass with its own configure_ddp, and one DDP per child (ddp_separate), train
+// as the plain ddp strategy does.
+TEST(FabricDDP, CustomConfigureDdpAndSeparateDdpTrainAsDdp) {
+  testing::TempDir dir("lockstep_fabric_strategies");
+  auto ddp = run_program(dir / "ddp", {"--case", "train", "--devices", "2", "--strategy", "ddp"});
+  ASSERT_EQ(ddp.exit_code, 0) << ddp.err;
+  auto custom = run_program(dir / "custom", {"--case", "train", "--devices", "2", "--custom-ddp"});
+  ASSERT_EQ(custom.exit_code, 0) << custom.err;
+  EXPECT_EQ(testing::slurp(dir / "custom/configured.0"), "1\n");
+  EXPECT_EQ(testing::slurp(dir / "custom/configured.1"), "1\n");
+  auto separate = run_program(dir / "separate", {"--case", "train", "--devices", "2", "--strategy", "ddp_separate"});
+  ASSERT_EQ(separate.exit_code, 0) << separate.err;
+  const auto reference = load_tensors(dir / "ddp/params.0.pt");
+  EXPECT_EQ(max_diff(reference, load_tensors(dir / "custom/params.1.pt")), 0.0);
+  EXPECT_LE(max_diff(reference, load_tensors(dir / "separate/params.1.pt")), 1e-6);
+}
+
+TEST(FabricDDP, SaveOnTwoRanksWritesOneCheckpointOfRankZero) {
+  testing::TempDir dir("lockstep_fabric_save");
+  auto result = run_program(dir / "run", {"--case", "train", "--devices", "2", "--save", dir / "run/fabric.ckpt"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const auto ckpt = checkpoint::CheckpointIO().load(dir / "run/fabric.ckpt");
+  std::vector<torch::Tensor> saved;
+  for (const auto& entry : ckpt.at("state_dict").toGenericDict()) saved.push_back(entry.value().toTensor());
+  EXPECT_EQ(max_diff(saved, load_tensors(dir / "run/params.0.pt")), 0.0);
+  EXPECT_EQ(ckpt.at("step").toInt(), 4);
+}
+
+TEST(FabricDDP, BadInputExitsTwoWithTheFix) {
+  testing::TempDir dir("lockstep_fabric_bad");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--strategy", "fsdp"}, "Use --strategy ddp"},
+      {{"--devices", "two"}, "--devices 2"},
+      {{"--precision", "8"}, "Use 32-true"},
+      {{"--strategy", "single_device", "--devices", "2"}, "Use --strategy ddp, or --devices 1"},
+      {{"--max-epochs", "3"}, "unknown flag --max-epochs"},
+  };
+  for (const auto& [flags, fix] : cases) {
+    auto argv = flags;
+    argv.insert(argv.begin(), {"--case", "train"});
+    const auto result = run_program(dir / "run", argv);
+    EXPECT_EQ(result.exit_code, 2) << flags[0] << ": " << result.err;
+    EXPECT_NE(result.err.find(fix), std::string::npos) << result.err;
+    EXPECT_EQ(result.err.find("Exception raised from"), std::string::npos) << "no backtrace:\n" << result.err;
+  }
+}
+
+}  // namespace
+}  // namespace lockstep

@@ -1,0 +1,307 @@
+// Fabric on one process, in this test's own process: each method does what it says, checked
+// against the same computation written without Fabric. The multi-process behaviour is in
+// fabric_ddp_test.cpp.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <torch/torch.h>
+
+#include <lockstep/core/error.h>
+#include <lockstep/fabric/fabric.h>
+#include <lockstep/loggers/csv_logger.h>
+
+#include "../../support/command.h"
+#include "../../support/regression.h"
+#include "../../support/temp_dir.h"
+
+namespace lockstep {
+namespace {
+
+struct Net : torch::nn::Module {
+  Net() {
+    fc1 = register_module("fc1", torch::nn::Linear(8, 16));
+    fc2 = register_module("fc2", torch::nn::Linear(16, 1));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x))); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+
+FabricOptions one_process() { return FabricOptions().devices("1").accelerator("cpu"); }
+
+std::shared_ptr<Net> seeded_net() {
+  torch::manual_seed(3);
+  return std::make_shared<Net>();
+}
+
+std::shared_ptr<torch::optim::SGD> sgd(Net& net) {
+  return std::make_shared<torch::optim::SGD>(net.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+}
+
+double max_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
+  return worst;
+}
+
+std::vector<torch::Tensor> grads(Net& net) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : net.parameters()) out.push_back(p.grad().clone());
+  return out;
+}
+
+TEST(Fabric, EveryCallBeforeLaunchNamesLaunch) {
+  Fabric fabric(one_process());
+  auto net = seeded_net();
+  for (const auto& call : std::vector<std::function<void()>>{
+           [&] { fabric.setup(net, sgd(*net)); }, [&] { fabric.global_rank(); }, [&] { fabric.barrier("x"); },
+           [&] { fabric.backward(torch::ones({})); }, [&] { fabric.autocast(); }}) {
+    try {
+      call();
+      ADD_FAILURE() << "no error before launch()";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("Call fabric.launch() first"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Fabric, LaunchResolvesTheTrainersOptionsOnce) {
+  Fabric fabric(one_process());
+  EXPECT_EQ(fabric.launch([](Fabric& f) { return f.world_size() * 10 + f.global_rank(); }), 10);
+  EXPECT_EQ(fabric.strategy().name(), "single_device");
+  EXPECT_EQ(fabric.local_rank(), 0);
+  EXPECT_EQ(fabric.node_rank(), 0);
+  EXPECT_TRUE(fabric.is_global_zero());
+  EXPECT_EQ(fabric.device(), torch::Device(torch::kCPU));
+  EXPECT_THROW(fabric.launch(), UsageError);
+  EXPECT_THROW(fabric.set_strategy(std::make_shared<strategies::SingleDeviceStrategy>()), UsageError);
+}
+
+TEST(Fabric, BadOptionsAreTheTrainersUsageErrors) {
+  const std::vector<std::pair<FabricOptions, std::string>> cases = {
+      {FabricOptions().strategy("fsdp"), "Use --strategy ddp"},
+      {FabricOptions().strategy("nope"), "Use auto or one of"},
+      {FabricOptions().devices("two"), "--devices 2"},
+      {FabricOptions().precision("8"), "Use 32-true"},
+      {FabricOptions().num_nodes(2), "lockstep launch --nnodes 2"},
+      {FabricOptions().accelerator("cpu").precision("16-mixed"), "--precision bf16-mixed"},
+  };
+  for (const auto& [options, fix] : cases) {
+    Fabric fabric(options);
+    try {
+      fabric.launch();
+      ADD_FAILURE() << "no error; expected one naming " << fix;
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(fix), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Fabric, SetupWrapsOneModuleAndBackwardGivesTheGradientsOfLossBackward) {
+  auto plain = seeded_net();
+  auto net = seeded_net();
+  const auto data = testing::regression_data(16);
+  const Batch batch = DataLoader(data, DataLoaderOptions(16)).batch(0);
+  torch::mse_loss(plain->forward(batch.data), batch.target).backward();
+
+  Fabric fabric(one_process());
+  fabric.launch();
+  auto [model, optimizer] = fabric.setup(net, sgd(*net));
+  EXPECT_EQ(model.module(), net);
+  fabric.backward(torch::mse_loss(model(batch.data), batch.target));
+  EXPECT_EQ(max_diff(grads(*plain), grads(*net)), 0.0);
+  EXPECT_TRUE(optimizer.step());
+  EXPECT_GT(max_diff(plain->parameters(), net->parameters()), 1e-4) << "the step must move the parameters";
+  optimizer.zero_grad();
+  EXPECT_THROW(fabric.setup(seeded_net(), sgd(*net)), UsageError) << "a second module";
+}
+
+TEST(Fabric, NoBackwardSyncAccumulationEqualsTheWholeBatch) {
+  const auto data = testing::regression_data(32);
+  auto whole = seeded_net();
+  auto parts = seeded_net();
+  Fabric fabric(one_process());
+  fabric.launch();
+  auto [model, optimizer] = fabric.setup(parts, sgd(*parts));
+  {
+    const Batch all = DataLoader(data, DataLoaderOptions(32)).batch(0);
+    torch::mse_loss(whole->forward(all.data), all.target).backward();
+  }
+  auto loader = fabric.setup_dataloaders(std::make_shared<DataLoader>(data, DataLoaderOptions(8)));
+  ASSERT_EQ(loader.num_batches(), 4);
+  for (int64_t i = 0; i < 4; ++i) {
+    Batch batch = loader.batch(i);
+    auto guard = fabric.no_backward_sync(model, i < 3);
+    fabric.backward(torch::mse_loss(model(batch.data), batch.target) / 4.0);
+  }
+  EXPECT_LE(max_diff(grads(*whole), grads(*parts)), 1e-6);
+}
+
+TEST(Fabric, ClipGradientsBoundsTheNormAndReturnsItsValueBefore) {
+  auto net = seeded_net();
+  Fabric fabric(one_process());
+  fabric.launch();
+  auto [model, optimizer] = fabric.setup(net, sgd(*net));
+  const Batch batch = DataLoader(testing::regression_data(16), DataLoaderOptions(16)).batch(0);
+  fabric.backward(100.0 * torch::mse_loss(model(batch.data), batch.target));
+  auto norm_of = [&] {
+    double sum = 0;
+    for (const auto& g : grads(*net)) sum += g.pow(2).sum().item<double>();
+    return std::sqrt(sum);
+  };
+  const double before = norm_of();
+  ASSERT_GT(before, 0.5);
+  EXPECT_NEAR(fabric.clip_gradients(optimizer, 0.5).item<double>(), before, 1e-4 * before);
+  EXPECT_NEAR(norm_of(), 0.5, 1e-4);
+  fabric.clip_gradients_value(optimizer, 0.01);
+  for (const auto& g : grads(*net)) EXPECT_LE(g.abs().max().item<double>(), 0.01 + 1e-9);
+  EXPECT_THROW(fabric.clip_gradients(optimizer, 0.0), UsageError);
+}
+
+TEST(Fabric, AutocastFollowsThePrecision) {
+  const auto a = torch::randn({4, 4}), b = torch::randn({4, 4});
+  {
+    Fabric fabric(one_process().precision("bf16-mixed"));
+    fabric.launch();
+    auto scope = fabric.autocast();
+    EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kBFloat16);
+  }
+  EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kFloat32) << "autocast ends with the scope";
+  Fabric fabric(one_process());
+  fabric.launch();
+  auto scope = fabric.autocast();
+  EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kFloat32);
+}
+
+TEST(Fabric, SixtyFourTrueConvertsTheModuleAndTheBatches) {
+  auto net = seeded_net();
+  Fabric fabric(one_process().precision("64-true"));
+  fabric.launch();
+  auto [model, optimizer] = fabric.setup(net, sgd(*net));
+  auto loader = fabric.setup_dataloaders(std::make_shared<DataLoader>(testing::regression_data(8), DataLoaderOptions(8)));
+  Batch batch = loader.batch(0);
+  EXPECT_EQ(net->fc1->weight.scalar_type(), torch::kFloat64);
+  EXPECT_EQ(batch.data.scalar_type(), torch::kFloat64);
+  EXPECT_EQ(model(batch.data).scalar_type(), torch::kFloat64);
+}
+
+TEST(Fabric, CollectivesOnOneProcessReturnTheirInput) {
+  Fabric fabric(one_process());
+  fabric.launch();
+  const auto t = torch::tensor({1.0, 2.0});
+  EXPECT_TRUE(fabric.all_reduce(t, distributed::ReduceOp::sum).equal(t));
+  EXPECT_DOUBLE_EQ(fabric.all_reduce(2.5), 2.5);
+  EXPECT_EQ(fabric.all_gather(t).sizes(), (std::vector<int64_t>{1, 2}));
+  EXPECT_TRUE(fabric.broadcast(t).equal(t));
+  EXPECT_EQ(fabric.broadcast(c10::IValue("hello")).toStringRef(), "hello");
+  fabric.barrier("alone");
+}
+
+TEST(Fabric, PrintWritesOneLineOnRankZero) {
+  Fabric fabric(one_process());
+  fabric.launch();
+  ::testing::internal::CaptureStdout();
+  fabric.print("step ", 3, " loss ", 0.5);
+  EXPECT_EQ(::testing::internal::GetCapturedStdout(), "step 3 loss 0.5\n");
+}
+
+TEST(Fabric, SeedEverythingRepeatsTheDraws) {
+  Fabric fabric(one_process());
+  fabric.seed_everything(5);
+  const auto first = torch::randn({3});
+  fabric.seed_everything(5);
+  EXPECT_TRUE(torch::randn({3}).equal(first));
+}
+
+TEST(Fabric, LogAndLogDictReachTheLoggers) {
+  testing::TempDir dir("lockstep_fabric_log");
+  Fabric fabric(one_process());
+  auto csv = std::make_shared<loggers::CSVLogger>(loggers::LoggerOptions(dir.path()).version(0));
+  fabric.add_logger(csv);
+  fabric.launch();
+  fabric.log("loss", 0.25, 1);
+  fabric.log_dict({{"loss", 0.125}, {"acc", 0.5}}, 2);
+  const std::string csv_text = testing::slurp(csv->log_dir() + "/metrics.csv");
+  EXPECT_NE(csv_text.find("1,0.25"), std::string::npos) << csv_text;
+  EXPECT_NE(csv_text.find("0.125"), std::string::npos) << csv_text;
+  EXPECT_NE(csv_text.find("acc"), std::string::npos) << csv_text;
+}
+
+// Trains two steps, saves, trains on; a fresh module and optimizer loaded from the file continue
+// exactly as the original does.
+TEST(Fabric, SaveAndLoadRoundTrip) {
+  testing::TempDir dir("lockstep_fabric_ckpt");
+  const Batch batch = DataLoader(testing::regression_data(16), DataLoaderOptions(16)).batch(0);
+  auto net = seeded_net();
+  Fabric fabric(one_process());
+  fabric.launch();
+  auto [model, optimizer] = fabric.setup(net, sgd(*net));
+  auto train_step = [&](Net& n, torch::optim::Optimizer& o) {
+    o.zero_grad();
+    torch::mse_loss(n.forward(batch.data), batch.target).backward();
+    o.step();
+  };
+  for (int i = 0; i < 2; ++i) train_step(*net, *optimizer.optimizer());
+  fabric.save(dir / "fabric.ckpt", {{"state_dict", model}, {"optimizer", optimizer}, {"step", int64_t{2}},
+                                    {"note", std::string("two steps")}});
+
+  torch::manual_seed(99);
+  auto other = std::make_shared<Net>();
+  auto other_sgd = sgd(*other);
+  FabricState state{{"state_dict", other}, {"optimizer", other_sgd}, {"step", int64_t{0}}};
+  const auto rest = fabric.load(dir / "fabric.ckpt", state);
+  EXPECT_EQ(max_diff(net->parameters(), other->parameters()), 0.0);
+  EXPECT_EQ(state.at("step").value().toInt(), 2);
+  ASSERT_TRUE(rest.contains("note"));
+  EXPECT_EQ(rest.at("note").toStringRef(), "two steps");
+  EXPECT_FALSE(rest.contains("state_dict"));
+  train_step(*net, *optimizer.optimizer());
+  train_step(*other, *other_sgd);
+  EXPECT_EQ(max_diff(net->parameters(), other->parameters()), 0.0) << "the momentum must be restored too";
+
+  FabricState missing{{"scheduler", int64_t{0}}};
+  try {
+    fabric.load(dir / "fabric.ckpt", missing);
+    ADD_FAILURE() << "no error for a missing key";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("scheduler"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(fabric.load(dir / "absent.ckpt", state), UsageError);
+}
+
+TEST(Fabric, PythonTorchLoadReadsTheSavedFile) {
+  if (!std::filesystem::exists(LOCKSTEP_TEST_PYTHON)) GTEST_SKIP() << LOCKSTEP_TEST_PYTHON " is not installed";
+  testing::TempDir dir("lockstep_fabric_python");
+  auto net = seeded_net();
+  Fabric fabric(one_process());
+  fabric.launch();
+  auto [model, optimizer] = fabric.setup(net, sgd(*net));
+  fabric.save(dir / "fabric.ckpt", {{"state_dict", model}, {"optimizer", optimizer}, {"step", int64_t{7}}});
+  const char* reader = R"(
+import sys, torch
+ckpt = torch.load(sys.argv[1])
+print("keys", ",".join(sorted(ckpt)))
+print("params", ",".join(ckpt["state_dict"]))
+print("step", ckpt["step"])
+print("groups", len(ckpt["optimizer"]["param_groups"]), ckpt["optimizer"]["param_groups"][0]["momentum"])
+print("sum", float(sum(t.double().sum() for t in ckpt["state_dict"].values())))
+)";
+  const auto result = testing::run_command({LOCKSTEP_TEST_PYTHON, "-c", reader, dir / "fabric.ckpt"},
+                                           {{"OMP_NUM_THREADS", "1"}, {"HOME", dir.path()}}, std::chrono::seconds(60));
+  if (result.err.find("No module named 'torch'") != std::string::npos) GTEST_SKIP() << "no torch in Python";
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("keys optimizer,state_dict,step\n"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("params fc1.weight,fc1.bias,fc2.weight,fc2.bias\n"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("step 7\n"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("groups 1 0.9\n"), std::string::npos) << result.out;
+  double sum = 0;
+  for (const auto& p : net->parameters()) sum += p.to(torch::kFloat64).sum().item<double>();
+  const auto at = result.out.find("sum ");
+  ASSERT_NE(at, std::string::npos) << result.out;
+  EXPECT_NEAR(std::stod(result.out.substr(at + 4)), sum, 1e-9);
+}
+
+}  // namespace
+}  // namespace lockstep
