@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/version.h>
 
@@ -73,6 +74,9 @@ class ProcessGroup {
   int world_size() const { return world_size_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   const std::string& backend_name() const { return backend_name_; }
+  /// Where the backend needs the tensors of a collective: the rank's CUDA device for nccl (the
+  /// collectives copy CPU tensors there and back), the CPU for gloo (which also takes CUDA ones).
+  c10::Device device() const { return device_; }
   /// Global ranks of the members, in group-rank order.
   const std::vector<int>& global_ranks() const { return global_ranks_; }
 
@@ -90,8 +94,8 @@ class ProcessGroup {
  private:
   ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<Backend> backend,
                int rank, int world_size, std::vector<int> global_ranks,
-               std::chrono::milliseconds timeout, std::string backend_name, std::string main_address,
-               bool is_subgroup);
+               std::chrono::milliseconds timeout, std::string backend_name, c10::Device device,
+               std::string main_address, bool is_subgroup);
 
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<Backend> backend_;
@@ -100,6 +104,7 @@ class ProcessGroup {
   std::vector<int> global_ranks_;
   std::chrono::milliseconds timeout_;
   std::string backend_name_;
+  c10::Device device_;
   std::string main_address_;
   bool is_subgroup_;
   int subgroups_created_ = 0;

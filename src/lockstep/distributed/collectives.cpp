@@ -57,6 +57,12 @@ c10d::ReduceOp c10d_op(ReduceOp op) {
   throw std::logic_error("unknown ReduceOp");
 }
 
+// NCCL reduces CUDA tensors only: a CPU tensor goes through the group's device (and back, by the
+// caller). Gloo's device is the CPU, so there every tensor stays where it is.
+at::Tensor on_group_device(const ProcessGroup& group, const at::Tensor& tensor) {
+  return group.device().is_cuda() && !tensor.is_cuda() ? tensor.to(group.device()) : tensor;
+}
+
 // Broadcasts a byte string from src (sizes first, so receivers can allocate).
 std::string broadcast_bytes(ProcessGroup& group, std::string bytes, int src,
                             const CollectiveOptions& options) {
@@ -108,18 +114,19 @@ at::Tensor all_reduce(ProcessGroup& group, at::Tensor tensor, ReduceOp op, const
   if (!tensor.is_contiguous()) {
     throw UsageError(group.describe() + ": all_reduce needs a contiguous tensor; call .contiguous() first.");
   }
-  std::vector<at::Tensor> tensors{tensor};
+  std::vector<at::Tensor> tensors{on_group_device(group, tensor)};
   c10d::AllreduceOptions ao;
   ao.reduceOp = c10d_op(op);
   ao.timeout = timeout_of(group, options);
   wait_for(group, group.backend()->allreduce(tensors, ao), "all_reduce(" + to_string(op) + ")", options);
+  if (!tensors[0].is_same(tensor)) tensor.copy_(tensors[0]);
   if (op == ReduceOp::mean) tensor.div_(group.world_size());
   return tensor;
 }
 
 std::vector<at::Tensor> all_gather(ProcessGroup& group, const at::Tensor& tensor, const CollectiveOptions& options) {
   const int n = group.world_size();
-  auto input = tensor.dim() == 0 ? tensor.reshape({1}) : tensor.contiguous();
+  auto input = on_group_device(group, tensor.dim() == 0 ? tensor.reshape({1}) : tensor.contiguous());
   c10d::AllgatherOptions go;
   go.timeout = timeout_of(group, options);
   // One small exchange first: dtype, rank and trailing sizes must agree; the first dimension
@@ -129,7 +136,7 @@ std::vector<at::Tensor> all_gather(ProcessGroup& group, const at::Tensor& tensor
     for (int64_t d = 1; d < t.dim(); ++d) trailing_hash = trailing_hash * 1000003 + t.size(d);
     return std::vector<int64_t>{static_cast<int64_t>(t.scalar_type()), t.dim(), trailing_hash, t.size(0)};
   };
-  auto header = torch::tensor(header_of(input), torch::kInt64);
+  auto header = on_group_device(group, torch::tensor(header_of(input), torch::kInt64));
   std::vector<std::vector<at::Tensor>> headers(1);
   for (int r = 0; r < n; ++r) headers[0].push_back(torch::empty_like(header));
   std::vector<at::Tensor> header_in{header};
@@ -161,7 +168,7 @@ std::vector<at::Tensor> all_gather(ProcessGroup& group, const at::Tensor& tensor
   wait_for(group, group.backend()->allgather(out, in, go), "all_gather", options);
   std::vector<at::Tensor> parts;
   for (int r = 0; r < n; ++r) {
-    auto part = rows[r] == longest ? out[0][r] : out[0][r].slice(0, 0, rows[r]);
+    auto part = (rows[r] == longest ? out[0][r] : out[0][r].slice(0, 0, rows[r])).to(tensor.device());
     parts.push_back(tensor.dim() == 0 ? part.reshape({}) : part);
   }
   return parts;
@@ -181,11 +188,12 @@ at::Tensor all_gather_stacked(ProcessGroup& group, const at::Tensor& tensor, con
 
 at::Tensor broadcast_tensor(ProcessGroup& group, at::Tensor tensor, int src, const CollectiveOptions& options) {
   check_source(group, src);
-  std::vector<at::Tensor> tensors{tensor};
+  std::vector<at::Tensor> tensors{on_group_device(group, tensor)};
   c10d::BroadcastOptions bo;
   bo.rootRank = src;
   bo.timeout = timeout_of(group, options);
   wait_for(group, group.backend()->broadcast(tensors, bo), "broadcast", options);
+  if (!tensors[0].is_same(tensor)) tensor.copy_(tensors[0]);
   return tensor;
 }
 
