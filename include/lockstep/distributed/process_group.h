@@ -77,6 +77,11 @@ class ProcessGroup {
   /// Where the backend needs the tensors of a collective: the rank's CUDA device for nccl (the
   /// collectives copy CPU tensors there and back), the CPU for gloo (which also takes CUDA ones).
   c10::Device device() const { return device_; }
+  /// ProcessGroupOptions::check_collectives or LOCKSTEP_DISTRIBUTED_DEBUG=detail: collectives
+  /// compare their calls across ranks first (subgroups inherit it).
+  bool checks_collectives() const { return checks_collectives_; }
+  /// The number of the next checked collective of this group: 1, 2, ...
+  int64_t next_collective_number() { return ++collectives_checked_; }
   /// Global ranks of the members, in group-rank order.
   const std::vector<int>& global_ranks() const { return global_ranks_; }
 
@@ -108,6 +113,8 @@ class ProcessGroup {
   std::string main_address_;
   bool is_subgroup_;
   int subgroups_created_ = 0;
+  bool checks_collectives_ = false;
+  int64_t collectives_checked_ = 0;
   std::map<std::string, int64_t> barrier_generations_;
 };
 

@@ -1,6 +1,7 @@
 #include <lockstep/distributed/process_group.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <sstream>
 
@@ -131,6 +132,17 @@ c10::intrusive_ptr<Backend> make_backend(const std::string& name, const c10::int
   return backend;
 }
 
+// LOCKSTEP_DISTRIBUTED_DEBUG: off (or unset) or detail, as TORCH_DISTRIBUTED_DEBUG spells them.
+bool detail_from_environment() {
+  const char* value = std::getenv("LOCKSTEP_DISTRIBUTED_DEBUG");
+  std::string mode = value ? value : "";
+  std::transform(mode.begin(), mode.end(), mode.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (mode.empty() || mode == "off") return false;
+  if (mode == "detail") return true;
+  throw UsageError(std::string("LOCKSTEP_DISTRIBUTED_DEBUG=") + value +
+                   " is not known: use detail (compare every collective across ranks) or off.");
+}
+
 }  // namespace
 
 std::vector<std::string> available_backends() {
@@ -221,6 +233,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::init(const ProcessGroupOptions& opti
 std::shared_ptr<ProcessGroup> ProcessGroup::init_with_store(const c10::intrusive_ptr<c10d::Store>& store,
                                                             const ProcessGroupOptions& options) {
   validate(options);
+  const bool checks_collectives = options.check_collectives() || detail_from_environment();
   store->setTimeout(options.timeout());
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("lockstep/world", store);
   c10::Device device(c10::kCPU);
@@ -229,10 +242,12 @@ std::shared_ptr<ProcessGroup> ProcessGroup::init_with_store(const c10::intrusive
                               "rank " + std::to_string(options.rank()) + "/" + std::to_string(options.world_size()));
   std::vector<int> ranks(options.world_size());
   for (int r = 0; r < options.world_size(); ++r) ranks[r] = r;
-  return std::shared_ptr<ProcessGroup>(new ProcessGroup(prefixed, backend, options.rank(),
-                                                        options.world_size(), std::move(ranks),
-                                                        options.timeout(), options.backend(), device,
-                                                        options.main_address(), false));
+  auto group = std::shared_ptr<ProcessGroup>(new ProcessGroup(prefixed, backend, options.rank(),
+                                                              options.world_size(), std::move(ranks),
+                                                              options.timeout(), options.backend(), device,
+                                                              options.main_address(), false));
+  group->checks_collectives_ = checks_collectives;
+  return group;
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::new_subgroup(const std::vector<int>& ranks) {
@@ -253,6 +268,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_subgroup(const std::vector<int>&
                                                               static_cast<int>(ranks.size()),
                                                               std::move(members), timeout_, backend_name_,
                                                               device_, main_address_, true));
+  group->checks_collectives_ = checks_collectives_;
   c10::Device device(c10::kCPU);
   group->backend_ = make_backend(backend_name_, prefixed, sub_rank, group->world_size_, main_address_, timeout_,
                                  device_.is_cuda() ? device_.index() : -1, device, group->describe());
