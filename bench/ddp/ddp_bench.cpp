@@ -1,6 +1,8 @@
 // DDP training throughput of Lockstep, the C++ side of bench/ddp/ddp_bench.py (PyTorch DDP):
 // same network, same initial weights (seeded the same way), same synthetic batches, same SGD, gloo.
 //   bench_ddp --model small|25m|cnn --nproc-per-node 2 --steps 100 --warmup 10 --batch 64
+// --accelerator cuda puts rank r on GPU r % (GPU count), so 2 ranks can share one GPU through
+// Gloo's CUDA path (scripts/gpu-check).
 // Prints one JSON line on rank 0: steps/s over the timed steps, the final loss, the wall-clock
 // time (Unix seconds) when rank 0's first optimizer step returned, and every rank's peak RSS.
 // bench/run runs it beside the Python side and compares.
@@ -74,6 +76,7 @@ int run(int argc, char** argv) {
   double bucket_cap_mb = 25;
   bool view = true;
   std::string start_method = "popen";
+  std::string accelerator = "cpu";
   app.add_option("--model", model)->check(CLI::IsMember({"small", "25m", "cnn"}));
   app.add_option("--nproc-per-node", nproc)->check(CLI::Range(1, 1024));
   app.add_option("--steps", steps)->check(CLI::Range(1, 1 << 30));
@@ -84,7 +87,12 @@ int run(int argc, char** argv) {
   app.add_option("--gradient-as-bucket-view", view);
   app.add_option("--start-method", start_method, "popen: re-execute for the other ranks; fork: fork them")
       ->check(CLI::IsMember({"popen", "fork"}));
+  app.add_option("--accelerator", accelerator, "cpu, or cuda: rank r on GPU r % (GPU count), gradients through Gloo")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   CLI11_PARSE(app, argc, argv);
+  if (accelerator == "cuda" && !torch::cuda::is_available()) {
+    throw UsageError("--accelerator cuda, but this LibTorch sees no CUDA GPU; use --accelerator cpu.");
+  }
 
   auto env = environments::detect_environment(environments::Environ::from_process());
   if (!env->creates_processes_externally() && nproc > 1) {
@@ -98,6 +106,11 @@ int run(int argc, char** argv) {
   auto group = distributed::ProcessGroup::init(env->process_group_options().timeout(std::chrono::seconds(300)));
   torch::manual_seed(0);
   auto net = std::make_shared<NetImpl>(model);
+  const auto device = accelerator == "cuda"
+                          ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
+                                                            group->rank() % static_cast<int>(torch::cuda::device_count())))
+                          : torch::Device(torch::kCPU);
+  net->to(device);
   distributed::DistributedDataParallel<NetImpl> ddp(
       net, *group, distributed::DDPOptions().bucket_cap_mb(bucket_cap_mb).gradient_as_bucket_view(view));
   torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01));
@@ -105,8 +118,8 @@ int run(int argc, char** argv) {
   auto generator = at::make_generator<at::CPUGeneratorImpl>(1000 + group->rank());
   std::vector<torch::Tensor> xs, ys;
   for (int i = 0; i < 8; ++i) {
-    xs.push_back(torch::randn({batch, 784}, generator));
-    ys.push_back(torch::randint(10, {batch}, generator, torch::kInt64));
+    xs.push_back(torch::randn({batch, 784}, generator).to(device));
+    ys.push_back(torch::randint(10, {batch}, generator, torch::kInt64).to(device));
   }
   double loss_value = 0;
   auto step = [&](int i) {
@@ -136,6 +149,7 @@ int run(int argc, char** argv) {
   if (group->rank() == 0) {
     std::cout << nlohmann::json{{"impl", "lockstep"},
                                 {"model", model},
+                                {"device", device.str()},
                                 {"world_size", group->world_size()},
                                 {"steps", steps},
                                 {"batch", batch},

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/version.h>
 
@@ -73,6 +74,14 @@ class ProcessGroup {
   int world_size() const { return world_size_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   const std::string& backend_name() const { return backend_name_; }
+  /// Where the backend needs the tensors of a collective: the rank's CUDA device for nccl (the
+  /// collectives copy CPU tensors there and back), the CPU for gloo (which also takes CUDA ones).
+  c10::Device device() const { return device_; }
+  /// ProcessGroupOptions::check_collectives or LOCKSTEP_DISTRIBUTED_DEBUG=detail: collectives
+  /// compare their calls across ranks first (subgroups inherit it).
+  bool checks_collectives() const { return checks_collectives_; }
+  /// The number of the next checked collective of this group: 1, 2, ...
+  int64_t next_collective_number() { return ++collectives_checked_; }
   /// Global ranks of the members, in group-rank order.
   const std::vector<int>& global_ranks() const { return global_ranks_; }
 
@@ -90,8 +99,8 @@ class ProcessGroup {
  private:
   ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<Backend> backend,
                int rank, int world_size, std::vector<int> global_ranks,
-               std::chrono::milliseconds timeout, std::string backend_name, std::string main_address,
-               bool is_subgroup);
+               std::chrono::milliseconds timeout, std::string backend_name, c10::Device device,
+               std::string main_address, bool is_subgroup);
 
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<Backend> backend_;
@@ -100,9 +109,12 @@ class ProcessGroup {
   std::vector<int> global_ranks_;
   std::chrono::milliseconds timeout_;
   std::string backend_name_;
+  c10::Device device_;
   std::string main_address_;
   bool is_subgroup_;
   int subgroups_created_ = 0;
+  bool checks_collectives_ = false;
+  int64_t collectives_checked_ = 0;
   std::map<std::string, int64_t> barrier_generations_;
 };
 

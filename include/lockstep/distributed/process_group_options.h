@@ -42,6 +42,15 @@ struct ProcessGroupOptions {
   /// `gloo` (CPU), `nccl` (CUDA) or `mpi`; the latter two need a LibTorch built with them.
   /// Default: "gloo".
   TORCH_ARG(std::string, backend) = "gloo";
+  /// nccl only: this rank's CUDA device (made current before NCCL starts); collectives given CPU
+  /// tensors copy them there and back, since NCCL reduces CUDA tensors only. Gloo takes tensors
+  /// where they are. Default: -1 (the current CUDA device).
+  TORCH_ARG(int, cuda_device) = -1;
+  /// Before each collective (all_reduce, all_gather, broadcast, barrier) the ranks compare what
+  /// they are about to run, through the store; a difference is an error on every rank naming both
+  /// calls, at once instead of at the timeout. Costs a few store round trips per collective.
+  /// Also on with LOCKSTEP_DISTRIBUTED_DEBUG=detail. Default: false.
+  TORCH_ARG(bool, check_collectives) = false;
   /// Every blocking call (rendezvous, collectives, barriers) fails after this long.
   /// Default: 1800 s, as in Lightning Fabric and PyTorch.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::seconds(1800);

@@ -129,6 +129,10 @@ class Reducer {
   void mark_ready(size_t index);
   void copy_grad_to_bucket(size_t index, const at::Tensor& view);
   void launch_ready_buckets();
+  /// The allreduce of the map of used parameters (find_unused_parameters / static_graph): its start,
+  /// and its wait (a failure names `who`), which leaves the summed map in local_used_.
+  void start_usage_allreduce();
+  void finish_usage_allreduce(const std::string& who);
   void launch(size_t bucket);
   void finalize_backward();
   void write_back();
@@ -170,6 +174,7 @@ class Reducer {
   bool track_usage_ = false;           // this iteration allreduces the usage map
   std::vector<size_t> unused_;         // locally unused this iteration
   at::Tensor local_used_;              // int32 per parameter
+  at::Tensor used_on_device_;          // what the usage allreduce reduces: local_used_ or its copy
   c10::intrusive_ptr<c10d::Work> used_work_;
   at::Tensor global_used_;             // after the usage allreduce; undefined: all used
   bool static_usage_known_ = false;

@@ -1,6 +1,8 @@
 #include <lockstep/distributed/collectives.h>
 #include <lockstep/core/error.h>
 
+#include <algorithm>
+#include <cstring>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -57,14 +59,73 @@ c10d::ReduceOp c10d_op(ReduceOp op) {
   throw std::logic_error("unknown ReduceOp");
 }
 
+// NCCL reduces CUDA tensors only: a CPU tensor goes through the group's device (and back, by the
+// caller). Gloo's device is the CPU, so there every tensor stays where it is.
+at::Tensor on_group_device(const ProcessGroup& group, const at::Tensor& tensor) {
+  return group.device().is_cuda() && !tensor.is_cuda() ? tensor.to(group.device()) : tensor;
+}
+
+// "Float [2, 3]"; with `free_first`, "Float [*, 3]" (all_gather lets the first dimension differ).
+std::string shape_of(const at::Tensor& tensor, bool free_first = false) {
+  std::string text = std::string(c10::toString(tensor.scalar_type())) + " [";
+  for (int64_t d = 0; d < tensor.dim(); ++d) {
+    text += (d ? ", " : "") + (d == 0 && free_first ? std::string("*") : std::to_string(tensor.size(d)));
+  }
+  return text + "]";
+}
+
+// ProcessGroup::checks_collectives: before the call, the ranks all-gather what each is about to run
+// (its first kCallBytes characters) under the group's next collective number; a difference is an
+// error on every rank naming both calls, at once rather than at the timeout (as PyTorch's
+// TORCH_DISTRIBUTED_DEBUG=DETAIL does). Through the backend, not the store: a FileStore polls
+// every 10 ms.
+constexpr int64_t kCallBytes = 256;
+
+void check_same_call(ProcessGroup& group, const std::string& call, const CollectiveOptions& options) {
+  if (!group.checks_collectives()) return;
+  const int64_t number = group.next_collective_number();
+  const std::string here = "rank " + std::to_string(group.rank()) + " is in " + call + " #" + std::to_string(number);
+  auto mine = torch::zeros({kCallBytes}, torch::kUInt8);
+  std::memcpy(mine.data_ptr(), call.data(), std::min<size_t>(call.size(), kCallBytes - 1));
+  std::vector<at::Tensor> in{on_group_device(group, mine)};
+  std::vector<std::vector<at::Tensor>> out(1);
+  for (int r = 0; r < group.world_size(); ++r) out[0].push_back(torch::empty_like(in[0]));
+  c10d::AllgatherOptions go;
+  go.timeout = timeout_of(group, options);
+  wait_for(group, group.backend()->allgather(out, in, go), "the check of collective #" + std::to_string(number) +
+           " (" + call + ")", CollectiveOptions(options).tag(""));
+  const std::string sent(static_cast<const char*>(mine.data_ptr()));
+  for (int r = 0; r < group.world_size(); ++r) {
+    const auto theirs_bytes = out[0][r].cpu();
+    const std::string theirs(static_cast<const char*>(theirs_bytes.data_ptr()));
+    if (theirs != sent) {
+      throw DistributedError(group.describe() + ": collectives differ: rank " + std::to_string(r) + " is in " + theirs +
+                             " #" + std::to_string(number) + " while " + here +
+                             ". Every rank must make the same collective calls in the same order "
+                             "(LOCKSTEP_DISTRIBUTED_DEBUG=detail compared them).");
+    }
+  }
+}
+
+// broadcast_tensor once the call is checked.
+at::Tensor broadcast_unchecked(ProcessGroup& group, at::Tensor tensor, int src, const CollectiveOptions& options) {
+  std::vector<at::Tensor> tensors{on_group_device(group, tensor)};
+  c10d::BroadcastOptions bo;
+  bo.rootRank = src;
+  bo.timeout = timeout_of(group, options);
+  wait_for(group, group.backend()->broadcast(tensors, bo), "broadcast", options);
+  if (!tensors[0].is_same(tensor)) tensor.copy_(tensors[0]);
+  return tensor;
+}
+
 // Broadcasts a byte string from src (sizes first, so receivers can allocate).
 std::string broadcast_bytes(ProcessGroup& group, std::string bytes, int src,
                             const CollectiveOptions& options) {
   auto size = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kInt64);
-  const int64_t n = broadcast_tensor(group, size, src, options).item<int64_t>();
+  const int64_t n = broadcast_unchecked(group, size, src, options).item<int64_t>();
   auto data = torch::empty({n}, torch::kUInt8);
   if (group.rank() == src) std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
-  broadcast_tensor(group, data, src, options);
+  broadcast_unchecked(group, data, src, options);
   return std::string(reinterpret_cast<const char*>(data.data_ptr()), static_cast<size_t>(n));
 }
 
@@ -108,18 +169,21 @@ at::Tensor all_reduce(ProcessGroup& group, at::Tensor tensor, ReduceOp op, const
   if (!tensor.is_contiguous()) {
     throw UsageError(group.describe() + ": all_reduce needs a contiguous tensor; call .contiguous() first.");
   }
-  std::vector<at::Tensor> tensors{tensor};
+  check_same_call(group, call_name("all_reduce(" + to_string(op) + ")", options) + " of " + shape_of(tensor), options);
+  std::vector<at::Tensor> tensors{on_group_device(group, tensor)};
   c10d::AllreduceOptions ao;
   ao.reduceOp = c10d_op(op);
   ao.timeout = timeout_of(group, options);
   wait_for(group, group.backend()->allreduce(tensors, ao), "all_reduce(" + to_string(op) + ")", options);
+  if (!tensors[0].is_same(tensor)) tensor.copy_(tensors[0]);
   if (op == ReduceOp::mean) tensor.div_(group.world_size());
   return tensor;
 }
 
 std::vector<at::Tensor> all_gather(ProcessGroup& group, const at::Tensor& tensor, const CollectiveOptions& options) {
+  check_same_call(group, call_name("all_gather", options) + " of " + shape_of(tensor, true), options);
   const int n = group.world_size();
-  auto input = tensor.dim() == 0 ? tensor.reshape({1}) : tensor.contiguous();
+  auto input = on_group_device(group, tensor.dim() == 0 ? tensor.reshape({1}) : tensor.contiguous());
   c10d::AllgatherOptions go;
   go.timeout = timeout_of(group, options);
   // One small exchange first: dtype, rank and trailing sizes must agree; the first dimension
@@ -129,7 +193,7 @@ std::vector<at::Tensor> all_gather(ProcessGroup& group, const at::Tensor& tensor
     for (int64_t d = 1; d < t.dim(); ++d) trailing_hash = trailing_hash * 1000003 + t.size(d);
     return std::vector<int64_t>{static_cast<int64_t>(t.scalar_type()), t.dim(), trailing_hash, t.size(0)};
   };
-  auto header = torch::tensor(header_of(input), torch::kInt64);
+  auto header = on_group_device(group, torch::tensor(header_of(input), torch::kInt64));
   std::vector<std::vector<at::Tensor>> headers(1);
   for (int r = 0; r < n; ++r) headers[0].push_back(torch::empty_like(header));
   std::vector<at::Tensor> header_in{header};
@@ -161,7 +225,7 @@ std::vector<at::Tensor> all_gather(ProcessGroup& group, const at::Tensor& tensor
   wait_for(group, group.backend()->allgather(out, in, go), "all_gather", options);
   std::vector<at::Tensor> parts;
   for (int r = 0; r < n; ++r) {
-    auto part = rows[r] == longest ? out[0][r] : out[0][r].slice(0, 0, rows[r]);
+    auto part = (rows[r] == longest ? out[0][r] : out[0][r].slice(0, 0, rows[r])).to(tensor.device());
     parts.push_back(tensor.dim() == 0 ? part.reshape({}) : part);
   }
   return parts;
@@ -181,16 +245,13 @@ at::Tensor all_gather_stacked(ProcessGroup& group, const at::Tensor& tensor, con
 
 at::Tensor broadcast_tensor(ProcessGroup& group, at::Tensor tensor, int src, const CollectiveOptions& options) {
   check_source(group, src);
-  std::vector<at::Tensor> tensors{tensor};
-  c10d::BroadcastOptions bo;
-  bo.rootRank = src;
-  bo.timeout = timeout_of(group, options);
-  wait_for(group, group.backend()->broadcast(tensors, bo), "broadcast", options);
-  return tensor;
+  check_same_call(group, call_name("broadcast", options) + " of " + shape_of(tensor) + " from rank " + std::to_string(src), options);
+  return broadcast_unchecked(group, tensor, src, options);
 }
 
 c10::IValue broadcast(ProcessGroup& group, const c10::IValue& value, int src, const CollectiveOptions& options) {
   check_source(group, src);
+  check_same_call(group, call_name("broadcast", options) + " of an object from rank " + std::to_string(src), options);
   std::string bytes;
   if (group.rank() == src) {
     const auto pickled = torch::pickle_save(value);
@@ -202,11 +263,14 @@ c10::IValue broadcast(ProcessGroup& group, const c10::IValue& value, int src, co
 
 nlohmann::json broadcast_json(ProcessGroup& group, const nlohmann::json& value, int src,
                               const CollectiveOptions& options) {
+  check_source(group, src);
+  check_same_call(group, call_name("broadcast", options) + " of JSON from rank " + std::to_string(src), options);
   const std::string text = group.rank() == src ? value.dump() : std::string();
   return nlohmann::json::parse(broadcast_bytes(group, text, src, options));
 }
 
 void barrier(ProcessGroup& group, const std::string& name, const CollectiveOptions& options) {
+  check_same_call(group, "barrier('" + name + "')", options);
   const int64_t generation = group.next_barrier_generation(name);
   const std::string prefix = "barrier/" + name + "/" + std::to_string(generation) + "/";
   auto& store = *group.store();

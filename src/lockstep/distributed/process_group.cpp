@@ -1,6 +1,7 @@
 #include <lockstep/distributed/process_group.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <sstream>
 
@@ -8,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #ifdef USE_C10D_NCCL  // set by the Torch package of a LibTorch built with NCCL (2.x CUDA builds)
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -42,6 +44,10 @@ void validate(const ProcessGroupOptions& o) {
                            " is not an attempt number: it counts restarts from 0 "
                            "(TORCHELASTIC_RESTART_COUNT).");
   }
+  if (o.cuda_device() >= 0 && o.backend() != "nccl") {
+    throw UsageError("cuda_device=" + std::to_string(o.cuda_device()) + " is for the nccl backend, which communicates "
+                     "on that device; " + o.backend() + " takes tensors where they are: leave cuda_device at -1.");
+  }
   const auto backends = available_backends();
   if (std::find(backends.begin(), backends.end(), o.backend()) == backends.end()) {
     std::string names;
@@ -68,16 +74,22 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& main_a
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
-// The backend called `name` (one of available_backends()).
+// The backend called `name` (one of available_backends()); `device` becomes where its collectives
+// need their tensors. NCCL's is the CUDA device cuda_device (>= 0), made current, or the current one.
 c10::intrusive_ptr<Backend> create_backend(const std::string& name, const c10::intrusive_ptr<c10d::Store>& store,
                                            int rank, int size, const std::string& address,
-                                           std::chrono::milliseconds timeout) {
+                                           std::chrono::milliseconds timeout, int cuda_device, c10::Device& device) {
+  device = c10::Device(c10::kCPU);
 #ifdef USE_C10D_NCCL
   if (name == "nccl") {
+    if (cuda_device >= 0) c10::cuda::set_device(static_cast<c10::DeviceIndex>(cuda_device));
+    device = c10::Device(c10::kCUDA, c10::cuda::current_device());
     auto options = c10d::ProcessGroupNCCL::Options::create();
     options->timeout = timeout;
     return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
   }
+#else
+  (void)cuda_device;
 #endif
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
   options->devices.push_back(gloo_device(address));
@@ -90,11 +102,12 @@ c10::intrusive_ptr<Backend> create_backend(const std::string& name, const c10::i
 // 1 run in 100 of a 4-rank subgroup test here). `who` names the rank in errors.
 c10::intrusive_ptr<Backend> make_backend(const std::string& name, const c10::intrusive_ptr<c10d::Store>& store,
                                          int rank, int size, const std::string& address,
-                                         std::chrono::milliseconds timeout, const std::string& who) {
+                                         std::chrono::milliseconds timeout, int cuda_device, c10::Device& device,
+                                         const std::string& who) {
   const auto started = std::chrono::steady_clock::now();
   c10::intrusive_ptr<Backend> backend;
   try {
-    backend = create_backend(name, store, rank, size, address, timeout);
+    backend = create_backend(name, store, rank, size, address, timeout, cuda_device, device);
   } catch (const std::exception& e) {
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
     const std::string how = waited >= timeout ? "timed out after " + seconds(timeout) : "failed after " + seconds(waited);
@@ -119,6 +132,17 @@ c10::intrusive_ptr<Backend> make_backend(const std::string& name, const c10::int
   return backend;
 }
 
+// LOCKSTEP_DISTRIBUTED_DEBUG: off (or unset) or detail, as TORCH_DISTRIBUTED_DEBUG spells them.
+bool detail_from_environment() {
+  const char* value = std::getenv("LOCKSTEP_DISTRIBUTED_DEBUG");
+  std::string mode = value ? value : "";
+  std::transform(mode.begin(), mode.end(), mode.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (mode.empty() || mode == "off") return false;
+  if (mode == "detail") return true;
+  throw UsageError(std::string("LOCKSTEP_DISTRIBUTED_DEBUG=") + value +
+                   " is not known: use detail (compare every collective across ranks) or off.");
+}
+
 }  // namespace
 
 std::vector<std::string> available_backends() {
@@ -135,7 +159,8 @@ std::vector<std::string> available_backends() {
 ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
                            c10::intrusive_ptr<Backend> backend, int rank, int world_size,
                            std::vector<int> global_ranks, std::chrono::milliseconds timeout,
-                           std::string backend_name, std::string main_address, bool is_subgroup)
+                           std::string backend_name, c10::Device device, std::string main_address,
+                           bool is_subgroup)
     : store_(std::move(store)),
       backend_(std::move(backend)),
       rank_(rank),
@@ -143,6 +168,7 @@ ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
       global_ranks_(std::move(global_ranks)),
       timeout_(timeout),
       backend_name_(std::move(backend_name)),
+      device_(device),
       main_address_(std::move(main_address)),
       is_subgroup_(is_subgroup) {}
 
@@ -207,17 +233,21 @@ std::shared_ptr<ProcessGroup> ProcessGroup::init(const ProcessGroupOptions& opti
 std::shared_ptr<ProcessGroup> ProcessGroup::init_with_store(const c10::intrusive_ptr<c10d::Store>& store,
                                                             const ProcessGroupOptions& options) {
   validate(options);
+  const bool checks_collectives = options.check_collectives() || detail_from_environment();
   store->setTimeout(options.timeout());
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("lockstep/world", store);
+  c10::Device device(c10::kCPU);
   auto backend = make_backend(options.backend(), prefixed, options.rank(), options.world_size(), options.main_address(),
-                              options.timeout(),
+                              options.timeout(), options.cuda_device(), device,
                               "rank " + std::to_string(options.rank()) + "/" + std::to_string(options.world_size()));
   std::vector<int> ranks(options.world_size());
   for (int r = 0; r < options.world_size(); ++r) ranks[r] = r;
-  return std::shared_ptr<ProcessGroup>(new ProcessGroup(prefixed, backend, options.rank(),
-                                                        options.world_size(), std::move(ranks),
-                                                        options.timeout(), options.backend(),
-                                                        options.main_address(), false));
+  auto group = std::shared_ptr<ProcessGroup>(new ProcessGroup(prefixed, backend, options.rank(),
+                                                              options.world_size(), std::move(ranks),
+                                                              options.timeout(), options.backend(), device,
+                                                              options.main_address(), false));
+  group->checks_collectives_ = checks_collectives;
+  return group;
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::new_subgroup(const std::vector<int>& ranks) {
@@ -237,8 +267,11 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_subgroup(const std::vector<int>&
   auto group = std::shared_ptr<ProcessGroup>(new ProcessGroup(prefixed, {}, sub_rank,
                                                               static_cast<int>(ranks.size()),
                                                               std::move(members), timeout_, backend_name_,
-                                                              main_address_, true));
-  group->backend_ = make_backend(backend_name_, prefixed, sub_rank, group->world_size_, main_address_, timeout_, group->describe());
+                                                              device_, main_address_, true));
+  group->checks_collectives_ = checks_collectives_;
+  c10::Device device(c10::kCPU);
+  group->backend_ = make_backend(backend_name_, prefixed, sub_rank, group->world_size_, main_address_, timeout_,
+                                 device_.is_cuda() ? device_.index() : -1, device, group->describe());
   return group;
 }
 

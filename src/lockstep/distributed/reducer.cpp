@@ -184,10 +184,7 @@ void Reducer::join_backward() {
   }
   if (track_usage_) {
     local_used_.zero_();
-    std::vector<at::Tensor> tensors{local_used_};
-    c10d::AllreduceOptions options;
-    options.timeout = group_.timeout();
-    used_work_ = group_.backend()->allreduce(tensors, options);
+    start_usage_allreduce();
   }
   for (size_t b = 0; b < futures.size(); ++b) {
     try {
@@ -198,13 +195,7 @@ void Reducer::join_backward() {
     }
   }
   if (track_usage_) {
-    try {
-      used_work_->wait(group_.timeout());
-    } catch (const std::exception& e) {
-      fail(group_.describe() + " (joined, shadowing): allreduce of the map of used parameters did not complete: " +
-           message_of(e));
-    }
-    used_work_.reset();
+    finish_usage_allreduce(group_.describe() + " (joined, shadowing)");
     local_used_.zero_();  // it now holds the others' map: the next window starts empty
     static_usage_known_ = options_.static_graph();
   }
@@ -358,12 +349,27 @@ void Reducer::copy_grad_to_bucket(size_t index, const at::Tensor& view) {
 void Reducer::launch_ready_buckets() {
   // Buckets start in index order on every rank, so the ranks' collectives pair up.
   while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) launch(next_to_launch_++);
-  if (track_usage_ && next_to_launch_ == buckets_.size() && !used_work_) {
-    std::vector<at::Tensor> tensors{local_used_};
-    c10d::AllreduceOptions options;
-    options.timeout = group_.timeout();
-    used_work_ = group_.backend()->allreduce(tensors, options);
+  if (track_usage_ && next_to_launch_ == buckets_.size() && !used_work_) start_usage_allreduce();
+}
+
+void Reducer::start_usage_allreduce() {
+  // The hooks write the map on the CPU; NCCL reduces a copy on the group's device.
+  used_on_device_ = group_.device().is_cuda() ? local_used_.to(group_.device()) : local_used_;
+  std::vector<at::Tensor> tensors{used_on_device_};
+  c10d::AllreduceOptions options;
+  options.timeout = group_.timeout();
+  used_work_ = group_.backend()->allreduce(tensors, options);
+}
+
+void Reducer::finish_usage_allreduce(const std::string& who) {
+  try {
+    used_work_->wait(group_.timeout());
+  } catch (const std::exception& e) {
+    fail(who + ": allreduce of the map of used parameters did not complete: " + message_of(e));
   }
+  used_work_.reset();
+  if (!used_on_device_.is_same(local_used_)) local_used_.copy_(used_on_device_);
+  used_on_device_ = at::Tensor();
 }
 
 void Reducer::launch(size_t b) {
@@ -431,12 +437,7 @@ void Reducer::finalize_backward() {
     trace_.buckets[b].reduced = at > 0 ? std::chrono::nanoseconds(at) : since_start();
   }
   if (track_usage_) {
-    try {
-      used_work_->wait(group_.timeout());
-    } catch (const std::exception& e) {
-      fail(group_.describe() + ": allreduce of the map of used parameters did not complete: " + message_of(e));
-    }
-    used_work_.reset();
+    finish_usage_allreduce(group_.describe());
     global_used_ = local_used_.clone();
     local_used_.zero_();  // the next accumulation window starts
     static_usage_known_ = options_.static_graph();

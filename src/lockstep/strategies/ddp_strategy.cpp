@@ -61,10 +61,12 @@ std::unique_ptr<launchers::Launcher> DDPStrategy::launcher() {
 void DDPStrategy::setup_environment() {
   if (group_) return;
   const auto& env = *context_.environment;
-  group_ = distributed::ProcessGroup::init(
-      env.process_group_options()
-          .backend(context_.process_group_backend)
-          .timeout(std::chrono::milliseconds(static_cast<int64_t>(context_.timeout_seconds * 1000))));
+  auto options = env.process_group_options()
+                     .backend(context_.process_group_backend)
+                     .timeout(std::chrono::milliseconds(static_cast<int64_t>(context_.timeout_seconds * 1000)));
+  // NCCL communicates on this rank's GPU (the connector takes nccl only with --accelerator cuda).
+  if (context_.process_group_backend == "nccl") options.cuda_device(root_device().index());
+  group_ = distributed::ProcessGroup::init(options);
 }
 
 distributed::ProcessGroup& DDPStrategy::process_group() {

@@ -1,6 +1,7 @@
 #include <lockstep/distributed/collectives.h>
 
 #include <atomic>
+#include <cstdlib>
 
 #include <gtest/gtest.h>
 
@@ -199,6 +200,65 @@ TEST_P(Collectives, Subgroups) {
   });
 }
 
+// LOCKSTEP_DISTRIBUTED_DEBUG=detail (check_collectives): calls that agree run as before; the first
+// that differs is an error on every rank naming both calls and their number, not a timeout.
+TEST_P(Collectives, CheckedCollectivesThatDifferAreNamedOnEveryRank) {
+  const int n = GetParam();
+  std::vector<std::string> messages(n);
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  testing::run_threads(n, [&](int rank) {
+    auto group = ProcessGroup::init_with_store(
+        store, ProcessGroupOptions(rank, n).timeout(std::chrono::seconds(20)).check_collectives(true));
+    auto& g = *group;
+    ASSERT_TRUE(g.checks_collectives());
+    EXPECT_FLOAT_EQ(all_reduce(g, torch::ones({3}), ReduceOp::sum, CollectiveOptions().tag("train_loss"))[0].item<float>(),
+                    static_cast<float>(n));
+    EXPECT_EQ(all_gather(g, torch::zeros({rank + 1, 2})).size(), static_cast<size_t>(n));  // uneven rows agree
+    EXPECT_EQ(broadcast(g, c10::IValue(std::string(rank == 0 ? "zero" : "other")), 0).toStringRef(), "zero");
+    barrier(g, "epoch_end");
+    try {
+      if (rank == 1) {
+        barrier(g, "save_checkpoint");
+      } else {
+        all_reduce(g, torch::ones({1}), ReduceOp::mean, CollectiveOptions().tag("val_loss"));
+      }
+      ADD_FAILURE() << "rank " << rank << " ran a collective that the others did not";
+    } catch (const DistributedError& e) {
+      messages[rank] = e.what();
+    }
+  });
+  const std::string val_loss = " is in all_reduce(mean) 'val_loss' of Float [1] #5";
+  const std::string checkpoint = " is in barrier('save_checkpoint') #5";
+  EXPECT_NE(messages[1].find("collectives differ: rank 0" + val_loss + " while rank 1" + checkpoint), std::string::npos)
+      << messages[1];
+  for (int r = 0; r < n; ++r) {
+    if (r == 1) continue;
+    EXPECT_NE(messages[r].find("collectives differ: rank 1" + checkpoint + " while rank " + std::to_string(r) + val_loss),
+              std::string::npos) << messages[r];
+  }
+}
+
+TEST_P(Collectives, CheckedCollectivesWithOtherShapesDiffer) {
+  const int n = GetParam();
+  std::vector<std::string> messages(n);
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  testing::run_threads(n, [&](int rank) {
+    auto group = ProcessGroup::init_with_store(
+        store, ProcessGroupOptions(rank, n).timeout(std::chrono::seconds(20)).check_collectives(true));
+    try {
+      all_reduce(*group, torch::ones({rank == n - 1 ? 2 : 3}), ReduceOp::sum);
+      ADD_FAILURE() << "rank " << rank << " reduced tensors of different shapes";
+    } catch (const DistributedError& e) {
+      messages[rank] = e.what();
+    }
+  });
+  const std::string last = std::to_string(n - 1);
+  EXPECT_NE(messages[0].find("rank " + last + " is in all_reduce(sum) of Float [2] #1 while rank 0 is in "
+                             "all_reduce(sum) of Float [3] #1"), std::string::npos) << messages[0];
+  EXPECT_NE(messages[n - 1].find("rank 0 is in all_reduce(sum) of Float [3] #1 while rank " + last), std::string::npos)
+      << messages[n - 1];
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, Collectives, ::testing::Values(2, 4),
                          [](const auto& info) { return "ranks" + std::to_string(info.param); });
 
@@ -217,6 +277,31 @@ TEST(ReduceOps, ParseNamesAndRejectUnknown) {
 TEST(ReduceOps, MeanOfIntegersIsRejected) {
   EXPECT_THROW(run_ranks(2, [](ProcessGroup& g) { all_reduce(g, torch::tensor({int64_t{1}})); }),
                UsageError);
+}
+
+// LOCKSTEP_DISTRIBUTED_DEBUG turns the check on (detail, any case) or leaves it off; other values
+// are refused before the rendezvous.
+TEST(ProcessGroupOptions, DistributedDebugComesFromTheEnvironment) {
+  const auto checks = [](const char* value) {
+    ::setenv("LOCKSTEP_DISTRIBUTED_DEBUG", value, 1);
+    auto group = ProcessGroup::init_with_store(c10::make_intrusive<c10d::HashStore>(), ProcessGroupOptions(0, 1));
+    ::unsetenv("LOCKSTEP_DISTRIBUTED_DEBUG");
+    return group->checks_collectives();
+  };
+  EXPECT_TRUE(checks("detail"));
+  EXPECT_TRUE(checks("DETAIL"));
+  EXPECT_FALSE(checks("off"));
+  EXPECT_FALSE(checks(""));
+  try {
+    checks("verbose");
+    ADD_FAILURE() << "LOCKSTEP_DISTRIBUTED_DEBUG=verbose was taken";
+  } catch (const UsageError& e) {
+    ::unsetenv("LOCKSTEP_DISTRIBUTED_DEBUG");
+    EXPECT_NE(std::string(e.what()).find("LOCKSTEP_DISTRIBUTED_DEBUG=verbose is not known: use detail (compare every "
+                                         "collective across ranks) or off."), std::string::npos) << e.what();
+  }
+  auto group = ProcessGroup::init_with_store(c10::make_intrusive<c10d::HashStore>(), ProcessGroupOptions(0, 1));
+  EXPECT_FALSE(group->checks_collectives()) << "on by default";
 }
 
 TEST(ProcessGroupOptions, BadValuesAreClearErrors) {

@@ -185,6 +185,7 @@ TEST(Backends, NcclIsLibTorchsProcessGroupNcclWhereLibTorchHasIt) {
     ASSERT_TRUE(torch::cuda::is_available()) << "a NCCL process group without a GPU";
     EXPECT_NE(dynamic_cast<c10d::ProcessGroupNCCL*>(group->backend().get()), nullptr);
     EXPECT_EQ(group->backend_name(), "nccl");
+    EXPECT_TRUE(group->device().is_cuda()) << group->device();
     return;
 #else
     FAIL() << "this LibTorch has no NCCL, yet a nccl process group was made";
@@ -202,6 +203,47 @@ TEST(Backends, NcclIsLibTorchsProcessGroupNcclWhereLibTorchHasIt) {
 #else
   EXPECT_NE(message.find("process group backend 'nccl' is not available: this build of Lockstep can create gloo."),
             std::string::npos) << message;
+#endif
+}
+
+// Gloo reduces tensors where they are (the group's device is the CPU); a CUDA device for it would
+// be an option that does nothing, so it is refused.
+TEST(Backends, GlooCommunicatesOnTheCpuAndTakesNoCudaDevice) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto group = ProcessGroup::init_with_store(store, ProcessGroupOptions(0, 1).timeout(10s));
+  EXPECT_EQ(group->device(), c10::Device(c10::kCPU));
+  try {
+    ProcessGroup::init_with_store(c10::make_intrusive<c10d::HashStore>(),
+                                  ProcessGroupOptions(0, 1).cuda_device(0).timeout(10s));
+    FAIL() << "a gloo group took cuda_device=0";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda_device=0 is for the nccl backend, which communicates on that device; "
+                                         "gloo takes tensors where they are: leave cuda_device at -1."),
+              std::string::npos) << e.what();
+  }
+}
+
+// NCCL reduces CUDA tensors only; the collectives copy a CPU tensor to the group's GPU and back,
+// so metrics, flags and pickled objects work under nccl as under gloo.
+TEST(Backends, NcclCollectivesTakeCpuTensors) {
+#ifndef USE_C10D_NCCL
+  GTEST_SKIP() << "this LibTorch has no NCCL";
+#else
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA GPU; none is visible here (scripts/gpu-check runs it)";
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto group = ProcessGroup::init_with_store(store, ProcessGroupOptions(0, 1).backend("nccl").cuda_device(0).timeout(30s));
+  ASSERT_EQ(group->device(), c10::Device(c10::kCUDA, 0));
+  auto sum = all_reduce(*group, torch::full({3}, 2.5), ReduceOp::sum);
+  EXPECT_TRUE(sum.device().is_cpu());
+  EXPECT_TRUE(sum.equal(torch::full({3}, 2.5)));
+  const auto parts = all_gather(*group, torch::arange(4));
+  ASSERT_EQ(parts.size(), 1u);
+  EXPECT_TRUE(parts[0].device().is_cpu());
+  EXPECT_TRUE(parts[0].equal(torch::arange(4)));
+  EXPECT_EQ(broadcast(*group, c10::IValue(std::string("from rank 0")), 0).toStringRef(), "from rank 0");
+  auto on_gpu = all_reduce(*group, torch::ones({2}, torch::kCUDA), ReduceOp::mean);
+  EXPECT_TRUE(on_gpu.is_cuda());
+  EXPECT_TRUE(on_gpu.cpu().equal(torch::ones({2})));
 #endif
 }
 
