@@ -1,11 +1,12 @@
 // Fabric in a real job, for tests/unit/fabric: every process writes what it saw into --out.
 //   fabric_program [fabric flags] --out DIR --case collectives|train [--batch-size B]
-//                  [--accumulate N] [--custom-ddp] [--save PATH]
+//                  [--accumulate N] [--custom-ddp] [--save PATH] [--fail-on-rank R]
 // collectives: ranks, all_reduce, all_gather, broadcast, barrier, print and log, as
 // DIR/collectives.<rank>.json. train: one epoch of a small regression through setup,
 // setup_dataloaders, backward and no_backward_sync (accumulating N batches per step); writes
 // DIR/params.<rank>.pt, and DIR/accumulated.<rank>.pt: the gradients after the first batch that
-// did not synchronise (none when N is 1).
+// did not synchronise (none when N is 1). With --fail-on-rank R, rank R throws right after launch
+// while the others wait at a barrier.
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -119,6 +120,7 @@ int main(int argc, char** argv) {
     int64_t seed = -1, batch_size = 8, accumulate = 1;
     std::string out, which, save;
     bool custom_ddp = false;
+    int fail_on_rank = -1;
     cli::add_fabric_flags(app, options, seed);
     app.add_option("--out", out)->required();
     app.add_option("--case", which)->required()->check(CLI::IsMember({"collectives", "train"}));
@@ -126,12 +128,14 @@ int main(int argc, char** argv) {
     app.add_option("--accumulate", accumulate);
     app.add_option("--save", save);
     app.add_flag("--custom-ddp", custom_ddp);
+    app.add_option("--fail-on-rank", fail_on_rank);
     const int parsed = cli::parse_or_exit_code(app, argc, argv);
     if (parsed >= 0) return parsed;
     torch::set_num_threads(1);
     Fabric fabric(options);
     if (custom_ddp) fabric.set_strategy(std::make_shared<CountingStrategy>());
     return fabric.launch([&](Fabric& f) {
+      if (f.global_rank() == fail_on_rank) throw std::runtime_error("rank " + std::to_string(fail_on_rank) + " fails on purpose");
       if (which == "collectives") {
         collectives(f, out);
       } else {

@@ -91,6 +91,16 @@ TEST(FabricLoop, EqualsTheTrainerOnTwoProcesses) {
             1e-3) << "other settings must give other weights";
 }
 
+// no_backward_sync and clip_gradients in the loop do what the Trainer's flags do.
+TEST(FabricLoop, EqualsTheTrainerWithAccumulationAndClipping) {
+  testing::TempDir dir("lockstep_fabric_loop_accumulate");
+  const std::vector<std::string> flags{"--max-steps", "6", "--devices", "2", "--strategy", "ddp", "--batch-size", "16",
+                                       "--accumulate-grad-batches", "3", "--gradient-clip-val", "0.5"};
+  const double diff = max_difference(fabric_loop(dir / "fabric", flags), fashion_mnist(dir / "trainer", flags));
+  std::cout << "fabric_loop vs fashion_mnist, accumulating 3, clipping 0.5: max |difference| " << diff << "\n";
+  EXPECT_LE(diff, 1e-6);
+}
+
 TEST(FabricLoop, TwoRanksEqualOneProcessOnTheDoubledBatch) {
   testing::TempDir dir("lockstep_fabric_loop_parity");
   const auto one = fabric_loop(dir / "one", {"--max-steps", "10", "--devices", "1", "--batch-size", "64"});

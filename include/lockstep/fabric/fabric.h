@@ -53,7 +53,8 @@ struct FabricSetup {
 
 ///   Fabric fabric(FabricOptions().devices("2").strategy("ddp"));
 ///   fabric.launch();                                   // starts rank 1; both continue here
-///   auto [model, optimizer] = fabric.setup(net, std::make_shared<torch::optim::SGD>(net->parameters(), 0.1));
+///   auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1));
+///   auto [model, optimizer] = fabric.setup(net, sgd);
 ///   auto loader = fabric.setup_dataloaders(train);    // this rank's share, on the device
 ///   for (int64_t i = 0; i < loader.num_batches(); ++i) {
 ///     Batch batch = loader.batch(i);

@@ -134,6 +134,21 @@ TEST(FabricDDP, SaveOnTwoRanksWritesOneCheckpointOfRankZero) {
   EXPECT_EQ(ckpt.at("step").toInt(), 4);
 }
 
+// A rank that throws inside launch(fn) takes the job down, whichever rank it is, long before
+// the collectives' timeout (30 s here).
+TEST(FabricDDP, ARankThatFailsEndsTheJob) {
+  testing::TempDir dir("lockstep_fabric_fail");
+  for (const char* rank : {"0", "1"}) {
+    const auto started = std::chrono::steady_clock::now();
+    const auto result = run_program(dir / "run", {"--case", "collectives", "--devices", "2", "--fail-on-rank", rank});
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    EXPECT_NE(result.exit_code, 0) << "rank " << rank;
+    EXPECT_NE(result.exit_code, -1) << "rank " << rank << ": the job hung";
+    EXPECT_LT(seconds, 20.0) << "rank " << rank;
+    EXPECT_NE(result.err.find(std::string("rank ") + rank + " fails on purpose"), std::string::npos) << result.err;
+  }
+}
+
 TEST(FabricDDP, BadInputExitsTwoWithTheFix) {
   testing::TempDir dir("lockstep_fabric_bad");
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
