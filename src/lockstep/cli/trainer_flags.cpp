@@ -176,10 +176,35 @@ void add_fabric_flags(CLI::App& app, FabricOptions& o, int64_t& seed) {
   add_retired_flags(app);
 }
 
+namespace {
+
+// The position of an empty argument that is not the value of the flag before it ("--ckpt-path ''"),
+// or 0. Debian's CLI11 2.1 drops such an argument silently, and loops forever when an unknown flag
+// follows it in an app with option groups (`prog '' --x`; found by tests/fuzz).
+int stray_empty_argument(const CLI::App& app, int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (argv[i][0] != '\0') continue;
+    const std::string before = argv[i - 1];
+    const CLI::Option* flag = i > 1 && before.rfind('-', 0) == 0 && before.find('=') == std::string::npos
+                                  ? app.get_option_no_throw(before)
+                                  : nullptr;
+    if (flag == nullptr || flag->get_type_size() == 0) return i;
+  }
+  return 0;
+}
+
+}  // namespace
+
 int parse_or_exit_code(CLI::App& app, int argc, char** argv) {
   std::vector<std::string> flags, variables;
   collect_names(app, &flags, &variables);
   const std::string program = short_name(app.get_name().empty() && argc > 0 ? argv[0] : app.get_name());
+  if (const int at = stray_empty_argument(app, argc, argv)) {
+    std::cerr << program << ": error: argument " << at << " is empty and belongs to no flag; remove it (an empty "
+              << "value goes right after its flag, or as --flag=)\n"
+              << program << ": run '" << program << " --help' for the flags and their values.\n";
+    return 2;
+  }
   if (app.get_version_ptr() == nullptr) {
     app.set_version_flag("--version", program + " (Lockstep " LOCKSTEP_VERSION_STRING ", built against LibTorch " +
                                           std::string(TORCH_VERSION) + ")");

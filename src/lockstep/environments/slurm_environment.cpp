@@ -194,13 +194,24 @@ int port_from_job_id(const std::string& job_id) {
 
 }  // namespace
 
-std::vector<std::string> expand_slurm_nodelist(const std::string& nodelist) {
+namespace {
+
+// The entries of `nodelist` and how many hosts they hold; more than kMaxHosts is an error.
+std::vector<Entry> parse_and_count(const std::string& nodelist, long long& total) {
   auto entries = parse_nodelist(nodelist);
-  long long total = 0;
+  total = 0;
   for (const auto& entry : entries) total += count_hosts(entry);
   if (total > kMaxHosts) {
     throw malformed(nodelist, "it expands to more than " + std::to_string(kMaxHosts) + " hosts");
   }
+  return entries;
+}
+
+}  // namespace
+
+std::vector<std::string> expand_slurm_nodelist(const std::string& nodelist) {
+  long long total = 0;
+  const auto entries = parse_and_count(nodelist, total);
   std::vector<std::string> hosts;
   hosts.reserve(static_cast<std::size_t>(total));
   for (const auto& entry : entries) expand_entry(entry, 0, "", hosts);
@@ -208,7 +219,8 @@ std::vector<std::string> expand_slurm_nodelist(const std::string& nodelist) {
 }
 
 std::string first_slurm_host(const std::string& nodelist) {
-  auto entries = parse_nodelist(nodelist);
+  long long total = 0;
+  const auto entries = parse_and_count(nodelist, total);
   std::string host;
   for (const auto& piece : entries.front()) {
     host += piece.ranges.empty()

@@ -142,7 +142,16 @@ TEST(SlurmNodeList, FirstHost) {
   EXPECT_EQ(first_slurm_host("host-[5-9]x"), "host-5x");
   EXPECT_EQ(first_slurm_host("r[3-4]n[009-010]"), "r3n009");
   EXPECT_EQ(first_slurm_host("host0 host1"), "host0");
-  EXPECT_EQ(first_slurm_host("n[0-99999999]"), "n0");  // not expanded
+  EXPECT_EQ(first_slurm_host("n[0-999999]"), "n0");  // not expanded
+  // It refuses what expand_slurm_nodelist refuses (found by tests/fuzz/slurm_nodelist_fuzz.cpp).
+  for (const char* too_many : {"n[0-99999999]", "noa[5-2100404,7]"}) {
+    try {
+      first_slurm_host(too_many);
+      ADD_FAILURE() << too_many << " was taken";
+    } catch (const EnvironmentError& e) {
+      EXPECT_NE(std::string(e.what()).find("it expands to more than 1000000 hosts"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(SlurmNodeList, MalformedListsAreErrors) {
