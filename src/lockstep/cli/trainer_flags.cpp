@@ -179,13 +179,20 @@ void add_fabric_flags(CLI::App& app, FabricOptions& o, int64_t& seed) {
 namespace {
 
 // The position of an empty argument that is not the value of the flag before it ("--ckpt-path ''"),
-// or 0. Debian's CLI11 2.1 drops such an argument silently, and loops forever when an unknown flag
-// follows it in an app with option groups (`prog '' --x`; found by tests/fuzz).
+// or 0. Debian's CLI11 2.1 drops such an argument silently, and loops forever when more arguments
+// follow it in an app with option groups (`prog '' --x`, `prog -- '' x`; found by tests/fuzz).
 int stray_empty_argument(const CLI::App& app, int argc, char** argv) {
+  bool positional_only = false;  // after "--"
   for (int i = 1; i < argc; ++i) {
-    if (argv[i][0] != '\0') continue;
+    const std::string arg = argv[i];
+    if (arg == "--" && !positional_only) {
+      positional_only = true;
+      continue;
+    }
+    if (!arg.empty()) continue;
     const std::string before = argv[i - 1];
-    const CLI::Option* flag = i > 1 && before.rfind('-', 0) == 0 && before.find('=') == std::string::npos
+    const CLI::Option* flag = !positional_only && i > 1 && before.rfind('-', 0) == 0 &&
+                                      before.find('=') == std::string::npos
                                   ? app.get_option_no_throw(before)
                                   : nullptr;
     if (flag == nullptr || flag->get_type_size() == 0) return i;

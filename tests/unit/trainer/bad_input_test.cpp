@@ -91,6 +91,7 @@ TEST_F(TrainerBadInput, EveryCaseExitsTwoAndNamesTheFix) {
       // CLI11 2.1 looped forever on this one (found by tests/fuzz/trainer_flags_fuzz.cpp).
       {{"", "--x"}, {}, "trainer_program: error: argument 1 is empty and belongs to no flag; remove it"},
       {{"--max-epochs", "1", "--no-such", ""}, {}, "argument 4 is empty and belongs to no flag"},
+      {{"--", "--ckpt-path", "", "--max-epochs", "3"}, {}, "argument 3 is empty and belongs to no flag"},
       {{}, {{"LOCKSTEP_TRAINER_DEVICES", "-3"}}, "at least 1"},
       {{}, {{"LOCKSTEP_TRAINER_STRATEGY", "horovod"}}, "Use --strategy ddp"},
       {{}, {{"LOCKSTEP_TRAINER_PRECISION", "half"}}, "Use 32-true"},
