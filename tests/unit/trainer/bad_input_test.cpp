@@ -89,9 +89,9 @@ TEST_F(TrainerBadInput, EveryCaseExitsTwoAndNamesTheFix) {
       {{"--device", "2"}, {}, "unknown flag --device; did you mean --devices?"},
       {{"--stratgy", "ddp"}, {}, "unknown flag --stratgy; did you mean --strategy?"},
       // CLI11 2.1 looped forever on this one (found by tests/fuzz/trainer_flags_fuzz.cpp).
-      {{"", "--x"}, {}, "trainer_program: error: argument 1 is empty and belongs to no flag; remove it"},
-      {{"--max-epochs", "1", "--no-such", ""}, {}, "argument 4 is empty and belongs to no flag"},
-      {{"--", "--ckpt-path", "", "--max-epochs", "3"}, {}, "argument 3 is empty and belongs to no flag"},
+      {{"", "--x"}, {}, "is empty and belongs to no flag; remove it (an empty value goes right after its flag"},
+      {{"--max-epochs", "1", "--no-such", ""}, {}, "is empty and belongs to no flag"},
+      {{"--", "--ckpt-path", "", "--max-epochs", "3"}, {}, "is empty and belongs to no flag"},
       {{}, {{"LOCKSTEP_TRAINER_DEVICES", "-3"}}, "at least 1"},
       {{}, {{"LOCKSTEP_TRAINER_STRATEGY", "horovod"}}, "Use --strategy ddp"},
       {{}, {{"LOCKSTEP_TRAINER_PRECISION", "half"}}, "Use 32-true"},
