@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <functional>
 
 #include <gtest/gtest.h>
 
@@ -200,16 +201,23 @@ TEST_P(Collectives, Subgroups) {
   });
 }
 
+// Runs body(group) on n thread ranks whose group compares every collective across ranks.
+void run_checked_ranks(int n, const std::function<void(ProcessGroup&)>& body) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  testing::run_threads(n, [&](int rank) {
+    auto group = ProcessGroup::init_with_store(
+        store, ProcessGroupOptions(rank, n).timeout(std::chrono::seconds(20)).check_collectives(true));
+    body(*group);
+  });
+}
+
 // LOCKSTEP_DISTRIBUTED_DEBUG=detail (check_collectives): calls that agree run as before; the first
 // that differs is an error on every rank naming both calls and their number, not a timeout.
 TEST_P(Collectives, CheckedCollectivesThatDifferAreNamedOnEveryRank) {
   const int n = GetParam();
   std::vector<std::string> messages(n);
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  testing::run_threads(n, [&](int rank) {
-    auto group = ProcessGroup::init_with_store(
-        store, ProcessGroupOptions(rank, n).timeout(std::chrono::seconds(20)).check_collectives(true));
-    auto& g = *group;
+  run_checked_ranks(n, [&](ProcessGroup& g) {
+    const int rank = g.rank();
     ASSERT_TRUE(g.checks_collectives());
     EXPECT_FLOAT_EQ(all_reduce(g, torch::ones({3}), ReduceOp::sum, CollectiveOptions().tag("train_loss"))[0].item<float>(),
                     static_cast<float>(n));
@@ -241,12 +249,10 @@ TEST_P(Collectives, CheckedCollectivesThatDifferAreNamedOnEveryRank) {
 TEST_P(Collectives, CheckedCollectivesWithOtherShapesDiffer) {
   const int n = GetParam();
   std::vector<std::string> messages(n);
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  testing::run_threads(n, [&](int rank) {
-    auto group = ProcessGroup::init_with_store(
-        store, ProcessGroupOptions(rank, n).timeout(std::chrono::seconds(20)).check_collectives(true));
+  run_checked_ranks(n, [&](ProcessGroup& g) {
+    const int rank = g.rank();
     try {
-      all_reduce(*group, torch::ones({rank == n - 1 ? 2 : 3}), ReduceOp::sum);
+      all_reduce(g, torch::ones({rank == n - 1 ? 2 : 3}), ReduceOp::sum);
       ADD_FAILURE() << "rank " << rank << " reduced tensors of different shapes";
     } catch (const DistributedError& e) {
       messages[rank] = e.what();
