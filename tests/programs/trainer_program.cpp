@@ -1,19 +1,26 @@
 // A Trainer run driven by the Trainer flags, for the multi-process Trainer tests and the
 // bad-input table: trains tests/support/regression.h's model and writes each rank's parameters.
 //   trainer_program [trainer flags] --out DIR [--batch-size B] [--adam] [--save PATH] [--val] [--csv-logger]
-//                   [--fail-on-rank R] [--pause-ms MS]
+//                   [--fail-on-rank R] [--pause-ms MS] [--nan-at-step S --nan-on-rank R]
+//                   [--crash-at-step S --crash-on-rank R] [--checkpoint-every-n-steps K]
 // With --val it also validates (32 examples) and writes each rank's validation count. With
 // --csv-logger every rank adds its own CSVLogger under --default-root-dir, as a user might. With
 // --fail-on-rank R, rank R throws after its first training batch (an error in a training step).
 // With --pause-ms, every rank writes its pid to DIR/paused.<rank> after its first batch and
-// sleeps that long (a live job for tests to inspect).
+// sleeps that long (a live job for tests to inspect). With --nan-at-step S, rank --nan-on-rank's
+// loss in optimizer step S (1, 2, ...) is NaN. With --crash-at-step S, rank --crash-on-rank exits
+// with code 3 after step S, in the first attempt of a job only (TORCHELASTIC_RESTART_COUNT unset
+// or 0). --checkpoint-every-n-steps K keeps a checkpoint of every K-th step and last.ckpt.
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <limits>
 #include <fstream>
 #include <thread>
 
+#include <lockstep/callbacks/model_checkpoint.h>
 #include <lockstep/cli/guarded_main.h>
 #include <lockstep/cli/trainer_flags.h>
 #include <lockstep/loggers/csv_logger.h>
@@ -59,6 +66,36 @@ struct PauseOnce : lockstep::Callback {
   int ms;
 };
 
+// Ends one rank's process after one step, as a crash would, in a job's first attempt.
+struct CrashOnce : lockstep::Callback {
+  CrashOnce(int64_t step, int rank) : step(step), rank(rank) {}
+  std::string name() const override { return "CrashOnce"; }
+  void on_train_batch_end(lockstep::TrainerView& trainer, lockstep::TrainingModule&, const torch::Tensor&,
+                          int64_t) override {
+    const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    if (attempt != nullptr && std::string(attempt) != "0") return;
+    if (trainer.global_step() == step && trainer.global_rank() == rank) {
+      std::fprintf(stderr, "trainer_program: rank %d crashes after step %lld on purpose\n", rank,
+                   static_cast<long long>(step));
+      std::_Exit(3);
+    }
+  }
+  int64_t step;
+  int rank;
+};
+
+// The regression model whose loss is NaN on one rank in one step.
+struct NanOnce : lockstep::testing::Regressor {
+  NanOnce(bool adam, int64_t step, int rank) : Regressor(adam), step(step), rank(rank) {}
+  torch::Tensor training_step(lockstep::Batch& batch, int64_t batch_idx) override {
+    auto loss = Regressor::training_step(batch, batch_idx);
+    const bool here = trainer()->global_step() + 1 == step && trainer()->global_rank() == rank;
+    return here ? loss * std::numeric_limits<float>::quiet_NaN() : loss;
+  }
+  int64_t step;
+  int rank;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -69,7 +106,8 @@ int main(int argc, char** argv) {
     std::string out, save;
     int64_t batch_size = 8;
     bool adam = false, validate = false, csv_logger = false;
-    int fail_on_rank = -1, pause_ms = 0;
+    int fail_on_rank = -1, pause_ms = 0, nan_on_rank = 0, crash_on_rank = 1;
+    int64_t nan_at_step = 0, crash_at_step = 0, checkpoint_every = 0;
     app.add_option("--out", out)->required();
     app.add_option("--batch-size", batch_size);
     app.add_option("--save", save);
@@ -78,11 +116,17 @@ int main(int argc, char** argv) {
     app.add_flag("--csv-logger", csv_logger);
     app.add_option("--fail-on-rank", fail_on_rank);
     app.add_option("--pause-ms", pause_ms);
+    app.add_option("--nan-at-step", nan_at_step);
+    app.add_option("--nan-on-rank", nan_on_rank);
+    app.add_option("--crash-at-step", crash_at_step);
+    app.add_option("--crash-on-rank", crash_on_rank);
+    app.add_option("--checkpoint-every-n-steps", checkpoint_every);
     const int parsed = lockstep::cli::parse_or_exit_code(app, argc, argv);
     if (parsed >= 0) return parsed;
     torch::set_num_threads(1);
     torch::manual_seed(11);
-    auto model = std::make_shared<lockstep::testing::Regressor>(adam);
+    auto model = nan_at_step > 0 ? std::make_shared<NanOnce>(adam, nan_at_step, nan_on_rank)
+                                 : std::make_shared<lockstep::testing::Regressor>(adam);
     auto data = lockstep::testing::regression_data(64);
     lockstep::Trainer trainer(options.enable_progress_bar(false).num_sanity_val_steps(0));
     if (csv_logger) {
@@ -91,6 +135,11 @@ int main(int argc, char** argv) {
     }
     if (fail_on_rank >= 0) trainer.add_callback(std::make_shared<FailOnRank>(fail_on_rank));
     if (pause_ms > 0) trainer.add_callback(std::make_shared<PauseOnce>(out, pause_ms));
+    if (crash_at_step > 0) trainer.add_callback(std::make_shared<CrashOnce>(crash_at_step, crash_on_rank));
+    if (checkpoint_every > 0) {
+      trainer.add_callback(std::make_shared<lockstep::ModelCheckpoint>(
+          lockstep::ModelCheckpointOptions().every_n_train_steps(checkpoint_every).save_top_k(-1).save_last(true)));
+    }
     auto validations = std::make_shared<CountValidations>();
     std::shared_ptr<lockstep::DataLoader> val;
     if (validate) {

@@ -41,11 +41,19 @@ inline std::string slurp(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-inline CommandResult run_command(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
-                                 std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+/// A program started by start_command: its pid (the leader of its own process group) and where
+/// its output goes.
+struct StartedCommand {
+  pid_t pid = -1;
+  std::string dir;
+};
+
+/// Starts `argv` in a process group of its own (kill(-pid, ...) reaches its workers too).
+inline StartedCommand start_command(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env) {
   char pattern[] = "/tmp/lockstep_cmd_XXXXXX";
-  const std::string dir = ::mkdtemp(pattern);
-  const std::string out_path = dir + "/out", err_path = dir + "/err";
+  StartedCommand started;
+  started.dir = ::mkdtemp(pattern);
+  const std::string out_path = started.dir + "/out", err_path = started.dir + "/err";
   std::vector<std::string> env_strings;
   for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
   // Under scripts/test --sanitize the sanitizers' options (suppressions) reach every program.
@@ -64,17 +72,26 @@ inline CommandResult run_command(const std::vector<std::string>& argv, const std
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  CommandResult result;
-  pid_t pid = -1;
-  const bool started = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), envp.data()) == 0;
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attributes, 0);
+  if (posix_spawn(&started.pid, args[0], &actions, &attributes, args.data(), envp.data()) != 0) started.pid = -1;
+  posix_spawnattr_destroy(&attributes);
   posix_spawn_file_actions_destroy(&actions);
-  if (started) {
+  return started;
+}
+
+/// Waits for a started program; SIGKILLs its process group if it runs over `timeout`.
+inline CommandResult finish_command(const StartedCommand& started, std::chrono::milliseconds timeout) {
+  CommandResult result;
+  if (started.pid > 0) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     int status = 0;
-    while (::waitpid(pid, &status, WNOHANG) == 0) {
+    while (::waitpid(started.pid, &status, WNOHANG) == 0) {
       if (std::chrono::steady_clock::now() > deadline) {
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, &status, 0);
+        ::kill(-started.pid, SIGKILL);
+        ::waitpid(started.pid, &status, 0);
         status = -1;
         break;
       }
@@ -82,11 +99,16 @@ inline CommandResult run_command(const std::vector<std::string>& argv, const std
     }
     if (status != -1) result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }
-  result.out = slurp(out_path);
-  result.err = slurp(err_path);
+  result.out = slurp(started.dir + "/out");
+  result.err = slurp(started.dir + "/err");
   std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
+  std::filesystem::remove_all(started.dir, ignored);
   return result;
+}
+
+inline CommandResult run_command(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+                                 std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  return finish_command(start_command(argv, env), timeout);
 }
 
 }  // namespace testing

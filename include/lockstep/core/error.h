@@ -5,6 +5,8 @@
 ///   environment  a scheduler's variables half-set or contradicting the options  exit code 2
 ///   launch       worker processes that cannot start                             exit code 2
 ///   distributed  a collective that failed or timed out, a peer that died        exit code 1
+///   training     a run that cannot go on: a loss that is not finite             exit code 1
+///   stopped      a signal stopped every rank after a resumable checkpoint       128 + signal
 /// Every message says what was wrong, what was given and the fix. Each layer has its class
 /// (UsageError here, environments::EnvironmentError, launchers::LaunchError,
 /// distributed::DistributedError); catch `const lockstep::Error&` for all of them.
@@ -15,17 +17,22 @@
 
 namespace lockstep {
 
-enum class ErrorKind { usage, environment, launch, distributed };
+enum class ErrorKind { usage, environment, launch, distributed, training, stopped };
 
 class Error : public std::runtime_error {
  public:
-  Error(ErrorKind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
+  Error(ErrorKind kind, const std::string& message)
+      : std::runtime_error(message), kind_(kind),
+        exit_code_(kind == ErrorKind::distributed || kind == ErrorKind::training ? 1 : 2) {}
+  Error(ErrorKind kind, const std::string& message, int exit_code)
+      : std::runtime_error(message), kind_(kind), exit_code_(exit_code) {}
   ErrorKind kind() const noexcept { return kind_; }
-  /// 1 for distributed errors, 2 for the others.
-  int exit_code() const noexcept { return kind_ == ErrorKind::distributed ? 1 : 2; }
+  /// The code a program ends with (the table above).
+  int exit_code() const noexcept { return exit_code_; }
 
  private:
   ErrorKind kind_;
+  int exit_code_;
 };
 
 /// Bad input from the user: an option, a flag, a device string, an argument that contradicts

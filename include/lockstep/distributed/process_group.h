@@ -58,7 +58,9 @@ class ProcessGroup {
   /// backend. With use_agent_store, every rank instead joins the store torchrun's agent hosts
   /// there, under "/worker/attempt_<restart_count>"; with store_file, the ranks meet in that file
   /// and Gloo binds to loopback (a job on one machine). Fails with DistributedError after
-  /// `timeout` if some rank (or the agent's store) never answers.
+  /// `timeout` if some rank (or the agent's store) never answers. Creating a group sets SIGPIPE
+  /// to ignored when it has its default action (as Python does), so that a peer that went away
+  /// is an error naming it rather than the death of this process; a handler of yours is kept.
   static std::shared_ptr<ProcessGroup> init(const ProcessGroupOptions& options);
   /// Join through an existing store (an in-memory c10d::HashStore for ranks running as threads
   /// in one process, in tests).

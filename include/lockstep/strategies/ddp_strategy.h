@@ -61,6 +61,7 @@ class DDPStrategy : public Strategy {
 
   distributed::DDPOptions& ddp_options() { return ddp_options_; }
   distributed::ProcessGroup& process_group();
+  std::shared_ptr<distributed::ProcessGroup> group() const override { return group_; }
   /// The wrapper configure_ddp returned (null before setup_module).
   const std::shared_ptr<distributed::DistributedDataParallelBase>& ddp() const { return ddp_; }
 

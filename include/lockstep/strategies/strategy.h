@@ -36,6 +36,8 @@ struct StrategyContext {
   std::string process_group_backend = "gloo";
   double timeout_seconds = 1800;
   bool sync_batchnorm = false;
+  /// --distributed-debug detail: collectives compare their calls across ranks first.
+  bool check_collectives = false;
 };
 
 class Strategy {
@@ -70,6 +72,8 @@ class Strategy {
   virtual void set_gradient_sync(bool enabled) {}
 
   // Ranks and collectives (trivial with one process).
+  /// The ranks' process group once set up; null for one process.
+  virtual std::shared_ptr<distributed::ProcessGroup> group() const { return nullptr; }
   virtual int world_size() const { return 1; }
   virtual int global_rank() const { return 0; }
   virtual int local_rank() const { return 0; }

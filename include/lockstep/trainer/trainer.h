@@ -15,6 +15,7 @@
 #include <lockstep/core/trainer_view.h>
 #include <lockstep/core/training_module.h>
 #include <lockstep/data/data_loader.h>
+#include <lockstep/distributed/agreed_stop.h>
 #include <lockstep/strategies/strategy.h>
 #include <lockstep/trainer/connector.h>
 #include <lockstep/trainer/grad_scaler.h>
@@ -129,9 +130,14 @@ class Trainer : public TrainerView {
   void record_resume(const std::string& path, const std::string& origin) const;
   std::string why_nothing_trained(int64_t epoch, int64_t max_epochs) const;
   void attach_sampler(DataLoader& loader, bool shuffle);
-  void restore(const std::string& ckpt_path);
+  /// False when --ckpt-path last finds no checkpoint (fit then starts afresh).
+  bool restore(const std::string& ckpt_path);
   void run_training_epoch(DataLoader& train, DataLoader* val);
   void run_validation(DataLoader& val);
+  /// After an optimizer step: asks every rank to stop when this rank's loss is not finite.
+  void check_loss(const torch::Tensor& loss, int64_t batch_idx);
+  /// Ends fit after the ranks agreed to stop: last.ckpt for a signal, then the error.
+  [[noreturn]] void end_stopped_fit(const distributed::StopRequest& request);
   std::map<std::string, double> run_evaluation(DataLoader& loader, Phase phase, int64_t max_batches);
   void optimizer_step();
   /// Rows are labelled with `epoch` (default: the current one).
@@ -171,6 +177,10 @@ class Trainer : public TrainerView {
   bool should_stop_ = false;
   bool sanity_checking_ = false;
   bool epoch_completed_ = false;
+  int64_t batches_done_ = 0;   // training batches run in the current epoch
+  int64_t resume_batch_ = 0;   // the batch the first epoch starts at (a mid-epoch checkpoint)
+  distributed::AgreedStop* agreed_stop_ = nullptr;  // during fit
+  std::optional<distributed::StopRequest> stop_request_;
   int64_t scheduler_epoch_steps_ = 0;
   int64_t scheduler_step_steps_ = 0;
   std::shared_ptr<Profiler> profiler_;

@@ -72,6 +72,13 @@ struct TrainerOptions {
   TORCH_ARG(std::string, process_group_backend) = "";
   /// Seconds any collective may block before it fails, naming itself. Default: 1800.
   TORCH_ARG(double, timeout) = 1800.0;
+  /// off|detail: with detail the ranks compare each collective's call (operation, tag, dtype,
+  /// shape, number) before running it, and a difference stops every rank naming both calls (as
+  /// LOCKSTEP_DISTRIBUTED_DEBUG=detail, PyTorch's TORCH_DISTRIBUTED_DEBUG). Default: "off".
+  TORCH_ARG(std::string, distributed_debug) = "off";
+  /// Autograd's anomaly mode during fit: a backward that makes a NaN names the operation whose
+  /// forward made it (slow; for debugging, as Lightning's detect_anomaly). Default: false.
+  TORCH_ARG(bool, detect_anomaly) = false;
   /// The value fit() gives LibTorch's cudnn.benchmark flag (at::globalContext().benchmarkCuDNN):
   /// cuDNN times and picks convolution algorithms on CUDA; no effect on the CPU (a note says
   /// so). Default: false.

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <chrono>
+#include <iostream>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -30,11 +33,33 @@ std::string seconds(std::chrono::milliseconds t) {
   return out.str();
 }
 
-// Waits for one c10d work item; a timeout or a dead peer becomes an error naming the call.
+// Waits for one c10d work item; a timeout or a dead peer becomes an error naming the call. Gloo's
+// wait can be resumed after a shorter one, so a quarter of the timeout in a line says what this
+// rank waits in and, where the call was checked (LOCKSTEP_DISTRIBUTED_DEBUG=detail), which ranks
+// arrived: `who_arrived` lists them.
 void wait_for(const ProcessGroup& group, const c10::intrusive_ptr<c10d::Work>& work,
-              const std::string& op, const CollectiveOptions& options) {
+              const std::string& op, const CollectiveOptions& options,
+              const std::function<std::string()>& who_arrived = nullptr) {
   const auto timeout = timeout_of(group, options);
   try {
+    if (group.backend_name() == "gloo") {
+      // Never 0 ms: c10d's wait takes 0 for "no timeout".
+      const auto warn_after = std::max(timeout / 4, std::chrono::milliseconds(1));
+      try {
+        work->wait(warn_after);
+        return;
+      } catch (const std::exception&) {
+        if (work->isCompleted()) throw;  // it failed, rather than went on
+      }
+      std::cerr << "lockstep: " << group.describe() << ": still waiting in " << call_name(op, options) << " after "
+                << seconds(warn_after) << "; "
+                << (who_arrived ? who_arrived()
+                                : std::string("a rank has not arrived or is in another collective (run with "
+                                              "LOCKSTEP_DISTRIBUTED_DEBUG=detail to see which)"))
+                << "; it fails in " << seconds(timeout - warn_after) << ".\n";
+      work->wait(std::max(timeout - warn_after, std::chrono::milliseconds(1)));
+      return;
+    }
     work->wait(timeout);
   } catch (const std::exception& e) {
     throw DistributedError(group.describe() + ": " + call_name(op, options) +
@@ -92,8 +117,21 @@ void check_same_call(ProcessGroup& group, const std::string& call, const Collect
   for (int r = 0; r < group.world_size(); ++r) out[0].push_back(torch::empty_like(in[0]));
   c10d::AllgatherOptions go;
   go.timeout = timeout_of(group, options);
+  // Arrivals in the store, for the line a rank that waits long prints.
+  auto& store = *group.store();
+  const std::string arrived = "arrived/" + std::to_string(number) + "/";
+  store.set(arrived + std::to_string(group.rank()), std::vector<uint8_t>(call.begin(), call.end()));
+  const auto who_arrived = [&] {
+    std::string lists[2];  // not arrived, arrived
+    for (int r = 0; r < group.world_size(); ++r) {
+      auto& list = lists[store.check({arrived + std::to_string(r)}) ? 1 : 0];
+      list += (list.empty() ? "" : ", ") + std::to_string(r);
+    }
+    if (lists[0].empty()) return std::string("every rank arrived, and one may have died since");
+    return "rank(s) " + lists[0] + " have not arrived (rank(s) " + lists[1] + " have)";
+  };
   wait_for(group, group.backend()->allgather(out, in, go), "the check of collective #" + std::to_string(number) +
-           " (" + call + ")", CollectiveOptions(options).tag(""));
+           " (" + call + ")", CollectiveOptions(options).tag(""), who_arrived);
   const std::string sent(static_cast<const char*>(mine.data_ptr()));
   for (int r = 0; r < group.world_size(); ++r) {
     const auto theirs_bytes = out[0][r].cpu();
@@ -277,18 +315,33 @@ void barrier(ProcessGroup& group, const std::string& name, const CollectiveOptio
   store.set(prefix + std::to_string(group.rank()), std::vector<uint8_t>{1});
   std::vector<std::string> keys;
   for (int r = 0; r < group.world_size(); ++r) keys.push_back(prefix + std::to_string(r));
-  const auto timeout = timeout_of(group, options);
-  try {
-    store.wait(keys, timeout);
-  } catch (const std::exception& e) {
-    std::string missing;
+  const auto ranks_that = [&](bool arrived) {
+    std::string ranks;
     for (int r = 0; r < group.world_size(); ++r) {
-      if (!store.check({keys[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      if (store.check({keys[r]}) == arrived) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
     }
-    throw DistributedError(group.describe() + ": barrier '" + name + "' (#" + std::to_string(generation) +
-                           ") timed out after " + seconds(timeout) + "; rank(s) " +
-                           (missing.empty() ? std::string("?") : missing) +
-                           " did not arrive. They may have failed, be stuck, or be waiting at a "
+    return ranks.empty() ? std::string("?") : ranks;
+  };
+  const std::string what = "barrier '" + name + "' (#" + std::to_string(generation) + ")";
+  const auto timeout = timeout_of(group, options);
+  // A quarter of the timeout in, a line says who is missing, long before the timeout ends the job.
+  const auto warn_after = std::max(timeout / 4, std::chrono::milliseconds(1));
+  const auto started = std::chrono::steady_clock::now();
+  try {
+    store.wait(keys, warn_after);
+    return;
+  } catch (const std::exception&) {
+    if (std::chrono::steady_clock::now() - started >= warn_after * 9 / 10) {
+      std::cerr << "lockstep: " << group.describe() << ": still waiting in " << what << " after " << seconds(warn_after)
+                << ": rank(s) " << ranks_that(false) << " have not arrived (rank(s) " << ranks_that(true)
+                << " have); it fails in " << seconds(timeout - warn_after) << ".\n";
+    }
+  }
+  try {
+    store.wait(keys, std::max(timeout - warn_after, std::chrono::milliseconds(1)));
+  } catch (const std::exception& e) {
+    throw DistributedError(group.describe() + ": " + what + " timed out after " + seconds(timeout) + "; rank(s) " +
+                           ranks_that(false) + " did not arrive. They may have failed, be stuck, or be waiting at a "
                            "different barrier; check their output.");
   }
 }

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <csignal>
 #include <cstdlib>
+#include <mutex>
 #include <sstream>
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
@@ -74,11 +76,24 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& main_a
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+// A peer that went away must be an error that names it, not a silent death: Gloo writes to its
+// sockets without MSG_NOSIGNAL, and SIGPIPE's default action ends the process (a 4-rank timeout
+// test died so in CI). Python ignores SIGPIPE at start-up, which is why PyTorch's
+// users never meet this; Lockstep does the same unless the program chose a handler itself.
+void ignore_broken_pipes() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
+  });
+}
+
 // The backend called `name` (one of available_backends()); `device` becomes where its collectives
 // need their tensors. NCCL's is the CUDA device cuda_device (>= 0), made current, or the current one.
 c10::intrusive_ptr<Backend> create_backend(const std::string& name, const c10::intrusive_ptr<c10d::Store>& store,
                                            int rank, int size, const std::string& address,
                                            std::chrono::milliseconds timeout, int cuda_device, c10::Device& device) {
+  ignore_broken_pipes();
   device = c10::Device(c10::kCPU);
 #ifdef USE_C10D_NCCL
   if (name == "nccl") {

@@ -11,7 +11,6 @@
 #include <lockstep/checkpoint/optimizer_state.h>
 #include <lockstep/checkpoint/state_dict.h>
 #include <lockstep/core/error.h>
-#include <lockstep/loggers/logger_options.h>
 #include <lockstep/trainer/trainer.h>
 
 #include "trainer_internal.h"
@@ -20,7 +19,7 @@ namespace lockstep {
 namespace {
 
 // `--ckpt-path last`: the newest version_N/checkpoints/last.ckpt in the folder of the runs
-// (as Lightning's "last" finds the latest run's).
+// (as Lightning's "last" finds the latest run's), or "" when no run saved one.
 std::string find_last_checkpoint(const std::filesystem::path& runs) {
   std::string best;
   int64_t best_version = -1;
@@ -40,11 +39,7 @@ std::string find_last_checkpoint(const std::filesystem::path& runs) {
       best = candidate.string();
     }
   }
-  if (best.empty()) {
-    throw UsageError("--ckpt-path last: no version_N/checkpoints/last.ckpt under " + runs.string() +
-                     "; give the path of a checkpoint, or train once first (ModelCheckpoint writes last.ckpt).");
-  }
-  return best;
+  return best;  // "" when there is none
 }
 
 c10::IValue rng_state() {
@@ -69,6 +64,8 @@ c10::impl::GenericDict Trainer::checkpoint_state() const {
   ckpt.insert("global_step", global_step_);
   c10::impl::GenericDict loops(c10::StringType::get(), c10::AnyType::get());
   loops.insert("next_epoch", epoch_completed_ ? current_epoch_ + 1 : current_epoch_);
+  // Mid-epoch: the batches of this epoch already trained on (the sampler's order is the epoch's).
+  loops.insert("next_batch", epoch_completed_ ? int64_t{0} : batches_done_);
   ckpt.insert("loops", loops);
   c10::impl::GenericDict callbacks(c10::StringType::get(), c10::AnyType::get());
   for (const auto& c : callbacks_) callbacks.insert(c->name(), c->state_dict());
@@ -131,15 +128,26 @@ void Trainer::check_resume_source() {
     early_checkpoint_ = checkpoint_io_->load(path);  // restore() uses it: one read
     return;
   }
-  // A user's logger may keep its runs elsewhere: restore() looks beside its run folder then.
-  if (loggers_set_by_user_) return;
-  find_last_checkpoint(std::filesystem::path(options_.default_root_dir()) / loggers::LoggerOptions("").name());
+  // "last" is looked for in restore(), beside this run's folder (a user's logger may keep its runs
+  // elsewhere): a first run, or one restarted before it saved, finds none and starts afresh.
 }
 
-void Trainer::restore(const std::string& ckpt_path) {
+bool Trainer::restore(const std::string& ckpt_path) {
   std::string path = ckpt_path;
   // This run has a new version folder: the newest last.ckpt beside it.
-  if (path == "last") path = find_last_checkpoint(std::filesystem::path(log_dir_).parent_path());
+  if (path == "last") {
+    const auto runs = std::filesystem::path(log_dir_).parent_path();
+    path = find_last_checkpoint(runs);
+    if (path.empty()) {
+      // As Lightning's ckpt_path="last": a note, and training from the start (the first attempt
+      // of a job that is restarted with --ckpt-path last).
+      if (plan_.strategy->is_global_zero()) {
+        std::cerr << "lockstep: --ckpt-path last: no version_N/checkpoints/last.ckpt under " << runs.string()
+                  << " yet; training from the start.\n";
+      }
+      return false;
+    }
+  }
   auto ckpt = early_checkpoint_ && path == options_.ckpt_path() ? *early_checkpoint_ : checkpoint_io_->load(path);
   early_checkpoint_.reset();
   checkpoint::require_keys(ckpt, {"state_dict", "optimizer_states", "epoch", "global_step", "loops"}, path);
@@ -184,8 +192,11 @@ void Trainer::restore(const std::string& ckpt_path) {
       checkpoint::load_optimizer_state_dict(*optimizer_config_.optimizers[i], optimizers.get(i).toGenericDict());
     }
   });
-  reading("loops", "a dict with the integer next_epoch",
-          [&] { current_epoch_ = ckpt.at("loops").toGenericDict().at("next_epoch").toInt(); });
+  reading("loops", "a dict with the integer next_epoch (and next_batch)", [&] {
+    const auto loops = ckpt.at("loops").toGenericDict();
+    current_epoch_ = loops.at("next_epoch").toInt();
+    resume_batch_ = loops.contains("next_batch") ? loops.at("next_batch").toInt() : 0;
+  });
   reading("global_step", "an integer", [&] { global_step_ = ckpt.at("global_step").toInt(); });
   record_resume(path, ckpt.contains("log_dir") && ckpt.at("log_dir").isString() ? ckpt.at("log_dir").toStringRef() : "");
   if (ckpt.contains("callbacks")) {
@@ -208,6 +219,7 @@ void Trainer::restore(const std::string& ckpt_path) {
       generator.set_state(ckpt.at("rng_state").toTensor());
     });
   }
+  return true;
 }
 
 }  // namespace lockstep

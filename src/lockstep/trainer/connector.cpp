@@ -2,6 +2,8 @@
 
 #include <sched.h>
 
+#include <algorithm>
+#include <cctype>
 #include <iostream>
 #include <map>
 
@@ -146,6 +148,11 @@ ExecutionPlan resolve_plan(const TrainerOptions& o, const environments::Environ&
   plan.strategy = strategy ? std::move(strategy) : strategy_for(o, c.devices_per_node * c.num_nodes);
   c.timeout_seconds = o.timeout();
   c.sync_batchnorm = o.sync_batchnorm();
+  std::string debug = o.distributed_debug();
+  std::transform(debug.begin(), debug.end(), debug.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  LOCKSTEP_CHECK(debug == "off" || debug == "detail", UsageError, "--distributed-debug '", o.distributed_debug(),
+                 "' is not known: use off (the default) or detail (the ranks compare each collective's call first).");
+  c.check_collectives = debug == "detail";
   plan.strategy->set_context(c);
   return plan;
 }

@@ -1,5 +1,6 @@
 // The Trainer's loops: one training epoch, an evaluation pass (validation, test), a step under
 // the run's precision, the optimizer step, and the metrics each emits.
+#include <algorithm>
 #include <chrono>
 #include <optional>
 
@@ -123,9 +124,12 @@ void Trainer::run_training_epoch(DataLoader& train, DataLoader* val) {
   const bool automatic = module_->automatic_optimization();
   const auto device = plan_.strategy->root_device();
   const bool validate_this_epoch = val != nullptr && (current_epoch_ + 1) % options_.check_val_every_n_epoch() == 0;
-  int64_t batches_run = 0;
+  // A mid-epoch checkpoint resumes at its next batch: the sampler's order depends only on the epoch.
+  int64_t batches_run = std::min(resume_batch_, num_training_batches_);
+  resume_batch_ = 0;
+  batches_done_ = batches_run;
   int64_t validated_after = -1;  // batches run when validation last ran in this epoch
-  for (int64_t i = 0; i < num_training_batches_; ++i) {
+  for (int64_t i = batches_run; i < num_training_batches_; ++i) {
     if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps()) break;
     Batch batch = [&] {
       auto fetch = profile("train_dataloader_next");
@@ -142,6 +146,7 @@ void Trainer::run_training_epoch(DataLoader& train, DataLoader* val) {
       auto timed = profile("training_step");
       return plan_.strategy->training_step(*module_, batch, i);
     });
+    check_loss(loss, i);
     if (automatic && loss.defined()) {
       auto backward = profile("backward");
       auto to_backward = accumulate > 1 ? loss / static_cast<double>(accumulate) : loss;
@@ -151,6 +156,7 @@ void Trainer::run_training_epoch(DataLoader& train, DataLoader* val) {
     } else if (!automatic) {
       ++global_step_;
     }
+    batches_done_ = i + 1;  // a checkpoint from here on resumes at the next batch
     module_->on_train_batch_end(loss, batch, i);
     each_callback("on_train_batch_end", [&](Callback& c) { c.on_train_batch_end(*this, *module_, loss, i); });
     emit_step_metrics(false);
@@ -163,8 +169,14 @@ void Trainer::run_training_epoch(DataLoader& train, DataLoader* val) {
       should_stop_ = plan_.strategy->reduce_boolean_decision(should_stop_, distributed::Decision::any);
       if (should_stop_) break;
     }
+    // After a whole optimizer step (and its validation): where every rank can stop together.
+    if ((step_now || !automatic) && agreed_stop_ != nullptr) {
+      stop_request_ = agreed_stop_->at_step(global_step_);
+      if (stop_request_) break;
+    }
   }
   plan_.strategy->set_gradient_sync(true);
+  if (stop_request_) return;  // the epoch is not over: fit saves where it stands
   module_->on_train_epoch_end();
   auto values = metrics_.end_epoch(*plan_.strategy);
   for (const auto& [name, value] : values) callback_metrics_[name] = value;

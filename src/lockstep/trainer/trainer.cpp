@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -10,6 +11,7 @@
 #include <limits>
 
 #include <nlohmann/json.hpp>
+#include <torch/csrc/autograd/anomaly_mode.h>
 #include <torch/torch.h>
 
 #include <lockstep/accelerators/device_parser.h>
@@ -228,9 +230,12 @@ void Trainer::fit(const std::shared_ptr<TrainingModule>& module, const std::shar
                   const std::shared_ptr<DataLoader>& val) {
   try {
     run_fit(module, train, val);
-  } catch (...) {
+  } catch (const Error& e) {
     // On local rank 0 of a job it launched: end the workers now, before this rank's process group
     // goes away and their failures could be taken for the cause.
+    launchers::end_launched_job(e.exit_code());
+    throw;
+  } catch (...) {
     launchers::end_launched_job(1);
     throw;
   }
@@ -250,8 +255,18 @@ void Trainer::run_fit(const std::shared_ptr<TrainingModule>& module, const std::
   // Checked before any hook runs, so that a bad interval stops the run before it writes anything.
   num_training_batches_ = limit_batches(options_.limit_train_batches(), train->num_batches(), "limit-train-batches");
   val_check_batch_ = resolve_val_check_batch(options_.val_check_interval(), num_training_batches_);
-  const bool resuming = !options_.ckpt_path().empty();
-  if (resuming) restore(options_.ckpt_path());
+  // From here every rank stops at the same step when one is signalled or gets a loss that is not
+  // finite; the previous signal handlers come back when fit ends.
+  distributed::AgreedStop agreed_stop(plan_.strategy->group(), {SIGTERM, SIGUSR1});
+  agreed_stop_ = &agreed_stop;
+  stop_request_.reset();
+  struct Forget {
+    distributed::AgreedStop*& stop;
+    ~Forget() { stop = nullptr; }
+  } forget{agreed_stop_};
+  std::optional<torch::autograd::DetectAnomalyGuard> anomaly_mode;
+  if (options_.detect_anomaly()) anomaly_mode.emplace();
+  const bool resuming = !options_.ckpt_path().empty() && restore(options_.ckpt_path());
   if (plan_.strategy->is_global_zero()) {
     nlohmann::json hparams(module_->hparams());
     for (auto& logger : loggers_) logger->log_hyperparams(hparams);
@@ -270,8 +285,10 @@ void Trainer::run_fit(const std::shared_ptr<TrainingModule>& module, const std::
   while (current_epoch_ < max_epochs && !should_stop_) {
     if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps()) break;
     run_training_epoch(*train, val.get());
+    if (stop_request_) end_stopped_fit(*stop_request_);
     ++current_epoch_;
     epoch_completed_ = false;
+    batches_done_ = 0;
   }
   if (current_epoch_ == first_epoch && global_step_ == first_step && plan_.strategy->is_global_zero()) {
     std::cerr << "lockstep: warning: fit trained nothing: " << why_nothing_trained(first_epoch, max_epochs) << "\n";

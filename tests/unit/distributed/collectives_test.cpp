@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <functional>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -143,15 +144,24 @@ TEST_P(Collectives, NamedBarriersRepeat) {
 TEST_P(Collectives, BarrierTimeoutNamesMissingRank) {
   const int n = GetParam();
   std::vector<std::string> messages(n);
+  ::testing::internal::CaptureStderr();
   run_ranks(n, [&](ProcessGroup& g) {
     if (g.rank() == n - 1) return;  // the last rank never arrives
     try {
-      barrier(g, "save_checkpoint", CollectiveOptions().timeout(std::chrono::milliseconds(300)));
+      barrier(g, "save_checkpoint", CollectiveOptions().timeout(std::chrono::milliseconds(400)));
       ADD_FAILURE() << "rank " << g.rank() << " passed a barrier that a rank never reached";
     } catch (const DistributedError& e) {
       messages[g.rank()] = e.what();
     }
   });
+  // A quarter of the timeout in, each waiting rank said who was missing.
+  const std::string warnings = ::testing::internal::GetCapturedStderr();
+  for (int r = 0; r < n - 1; ++r) {
+    EXPECT_NE(warnings.find("rank " + std::to_string(r) + "/" + std::to_string(n) +
+                            ": still waiting in barrier 'save_checkpoint' (#0) after 0.1 s: rank(s) " +
+                            std::to_string(n - 1) + " have not arrived"),
+              std::string::npos) << warnings;
+  }
   for (int r = 0; r < n - 1; ++r) {
     EXPECT_NE(messages[r].find("barrier 'save_checkpoint'"), std::string::npos) << messages[r];
     EXPECT_NE(messages[r].find("rank(s) " + std::to_string(n - 1) + " did not arrive"), std::string::npos)
@@ -163,8 +173,12 @@ TEST_P(Collectives, BarrierTimeoutNamesMissingRank) {
 TEST_P(Collectives, AllReduceTimeoutNamesOperation) {
   const int n = GetParam();
   std::vector<std::string> messages(n);
+  ::testing::internal::CaptureStderr();
   run_ranks(n, [&](ProcessGroup& g) {
-    if (g.rank() == 0) return;  // rank 0 never joins
+    if (g.rank() == 0) {  // rank 0 never joins, and stays until the others gave up
+      std::this_thread::sleep_for(std::chrono::milliseconds(700));
+      return;
+    }
     try {
       all_reduce(g, torch::ones({3}), ReduceOp::sum,
                  CollectiveOptions().tag("sync_dist val_loss").timeout(std::chrono::milliseconds(300)));
@@ -173,6 +187,13 @@ TEST_P(Collectives, AllReduceTimeoutNamesOperation) {
       messages[g.rank()] = e.what();
     }
   }, std::chrono::milliseconds(2000));
+  // A quarter of the timeout in, each waiting rank said what it waits in.
+  const std::string warnings = ::testing::internal::GetCapturedStderr();
+  for (int r = 1; r < n; ++r) {
+    EXPECT_NE(warnings.find("rank " + std::to_string(r) + "/" + std::to_string(n) + ": still waiting in all_reduce(sum) "
+                            "'sync_dist val_loss' after 0.075 s; a rank has not arrived"),
+              std::string::npos) << warnings;
+  }
   for (int r = 1; r < n; ++r) {
     EXPECT_NE(messages[r].find("all_reduce(sum) 'sync_dist val_loss'"), std::string::npos) << messages[r];
     EXPECT_NE(messages[r].find("rank " + std::to_string(r) + "/" + std::to_string(n)), std::string::npos)
@@ -263,6 +284,27 @@ TEST_P(Collectives, CheckedCollectivesWithOtherShapesDiffer) {
                              "all_reduce(sum) of Float [3] #1"), std::string::npos) << messages[0];
   EXPECT_NE(messages[n - 1].find("rank 0 is in all_reduce(sum) of Float [3] #1 while rank " + last), std::string::npos)
       << messages[n - 1];
+}
+
+// Checked, a rank that waits long also says which ranks arrived at the call (from the store).
+TEST_P(Collectives, ACheckedCollectiveThatWaitsLongNamesWhoArrived) {
+  const int n = GetParam();
+  ::testing::internal::CaptureStderr();
+  run_checked_ranks(n, [&](ProcessGroup& g) {
+    if (g.rank() == 0) {  // rank 0 never joins, and stays until the others gave up
+      std::this_thread::sleep_for(std::chrono::milliseconds(800));
+      return;
+    }
+    EXPECT_THROW(all_reduce(g, torch::ones({1}), ReduceOp::sum, CollectiveOptions().timeout(std::chrono::milliseconds(400))),
+                 DistributedError);
+  });
+  const std::string warnings = ::testing::internal::GetCapturedStderr();
+  std::string arrived;
+  for (int r = 1; r < n; ++r) arrived += (r == 1 ? "" : ", ") + std::to_string(r);
+  EXPECT_NE(warnings.find("rank 1/" + std::to_string(n) + ": still waiting in the check of collective #1 "
+                          "(all_reduce(sum) of Float [1]) after 0.1 s; rank(s) 0 have not arrived (rank(s) " +
+                          arrived + " have)"),
+            std::string::npos) << warnings;
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, Collectives, ::testing::Values(2, 4),

@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <iostream>
@@ -170,6 +172,27 @@ TEST(Connect, ReturnsOnlyWhenEveryRankHasConnected) {
     EXPECT_EQ(store->add("lockstep/world/subgroup/0/lockstep_connected", 0), 2) << "rank " << rank;
     EXPECT_FLOAT_EQ(all_reduce(*evens, torch::ones({1}), ReduceOp::sum).item<float>(), 2.0f);
   });
+}
+
+// A peer that closed its sockets must be an error naming it (DistributedError), not SIGPIPE's
+// silent death of the writer: creating a group ignores SIGPIPE, as Python does, unless the
+// program set its own handler. Each case runs in a fresh copy of this test (a death test).
+int sigpipe_disposition_after_a_group(void (*before)(int)) {
+  std::signal(SIGPIPE, before);
+  testing::run_ranks(2, [](ProcessGroup&) {});
+  struct sigaction after {};
+  ::sigaction(SIGPIPE, nullptr, &after);
+  return after.sa_handler == SIG_IGN ? 1 : after.sa_handler == SIG_DFL ? 2 : 3;
+}
+
+void own_sigpipe_handler(int) {}
+
+TEST(Connect, ABrokenPipeIsAnErrorNotADeath) {
+  ::testing::FLAGS_gtest_death_test_style = "threadsafe";
+  EXPECT_EXIT(std::_Exit(sigpipe_disposition_after_a_group(SIG_DFL)), ::testing::ExitedWithCode(1), "")
+      << "SIGPIPE should be ignored once a group exists";
+  EXPECT_EXIT(std::_Exit(sigpipe_disposition_after_a_group(own_sigpipe_handler)), ::testing::ExitedWithCode(3), "")
+      << "the program's own SIGPIPE handler should be kept";
 }
 
 // --process-group-backend nccl builds LibTorch's ProcessGroupNCCL where LibTorch has one. Without

@@ -1,11 +1,14 @@
 // The Trainer with --devices 2 --strategy ddp, as real processes (the subprocess launcher
 // re-executes tests/programs/trainer_program): parity with one process, exact resume.
 #include <sched.h>
+#include <signal.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <fstream>
+#include <set>
+#include <thread>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -24,19 +27,25 @@ class TrainerDDP : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir); }
 
-  // Runs the program into DIR/NAME and returns each rank's parameters.
-  std::vector<std::vector<torch::Tensor>> run(const std::string& name, std::vector<std::string> flags) {
+  // Runs the program into DIR/NAME (its runs under DIR/RUNS) and returns what it said.
+  testing::CommandResult start(const std::string& name, std::vector<std::string> flags, const std::string& runs = "runs",
+                               const std::map<std::string, std::string>& extra_env = {}) {
     const auto out = dir / name;
     std::filesystem::create_directories(out);
     std::vector<std::string> argv{std::string(LOCKSTEP_BIN_DIR) + "/../tests/trainer_program", "--out", out.string(),
-                                  "--default-root-dir", (dir / "runs").string(), "--timeout", "60"};
+                                  "--default-root-dir", (dir / runs).string(), "--timeout", "60"};
     argv.insert(argv.end(), flags.begin(), flags.end());
     std::map<std::string, std::string> env{{"PATH", "/usr/bin:/bin"}, {"OMP_NUM_THREADS", "1"}};
+    for (const auto& [name, value] : extra_env) env[name] = value;
     // Under scripts/test --sanitize: whole allocation stacks, which the suppression of LibTorch's
     // thread pool leaked in forked workers needs (scripts/sanitizers/lsan.supp).
     if (const char* asan = std::getenv("ASAN_OPTIONS")) env["ASAN_OPTIONS"] = std::string(asan) + ":fast_unwind_on_malloc=0";
-    auto result = testing::run_command(argv, env, std::chrono::seconds(90));
-    EXPECT_EQ(result.exit_code, 0) << name << ": " << result.err;
+    return testing::run_command(argv, env, std::chrono::seconds(90));
+  }
+
+  // Each rank's parameters, as the program wrote them into DIR/NAME.
+  std::vector<std::vector<torch::Tensor>> params_of(const std::string& name) {
+    const auto out = dir / name;
     std::vector<std::vector<torch::Tensor>> ranks;
     for (int r = 0; std::filesystem::exists(out / ("params." + std::to_string(r) + ".pt")); ++r) {
       std::vector<torch::Tensor> params;
@@ -44,6 +53,31 @@ class TrainerDDP : public ::testing::Test {
       ranks.push_back(params);
     }
     return ranks;
+  }
+
+  // Runs the program into DIR/NAME with a pause after every rank's first batch, during which rank
+  // 0 gets `signal`.
+  testing::CommandResult signal_during_pause(const std::string& name, std::vector<std::string> flags, int signal,
+                                             const std::string& runs, const std::map<std::string, std::string>& env = {}) {
+    flags.insert(flags.end(), {"--pause-ms", "1500"});
+    testing::CommandResult result;
+    std::thread job([&] { result = start(name, flags, runs, env); });
+    const auto paused = dir / name / "paused.0";
+    for (int i = 0; i < 6000 && !std::filesystem::exists(paused); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    pid_t rank0 = 0;
+    std::ifstream(paused) >> rank0;
+    if (rank0 > 0) ::kill(rank0, signal);
+    job.join();
+    EXPECT_GT(rank0, 0) << "rank 0 never paused: " << result.err;
+    return result;
+  }
+
+  // Runs the program into DIR/NAME and returns each rank's parameters.
+  std::vector<std::vector<torch::Tensor>> run(const std::string& name, std::vector<std::string> flags,
+                                              const std::string& runs = "runs") {
+    const auto result = start(name, std::move(flags), runs);
+    EXPECT_EQ(result.exit_code, 0) << name << ": " << result.err;
+    return params_of(name);
   }
 
   static double max_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
@@ -159,6 +193,85 @@ TEST_F(TrainerDDP, RankZerosFailureEndsTheJobAtOnceWithItsCode) {
       EXPECT_NE(result.err.find("worker local_rank=1"), std::string::npos) << result.err;
     }
   }
+}
+
+// A NaN loss on one rank stops every rank after the same step, naming the rank and the step,
+// before the job goes on training on NaN weights; with one process, after that very step.
+TEST_F(TrainerDDP, ANanLossOnOneRankStopsEveryRankAfterTheSameStep) {
+  const auto two = start("nan_two", {"--devices", "2", "--strategy", "ddp", "--max-epochs", "3", "--nan-at-step", "3",
+                                     "--nan-on-rank", "1"});
+  EXPECT_EQ(two.exit_code, 1) << two.err;
+  EXPECT_NE(two.err.find("rank 1 got a nan loss in step 3 (epoch 0, batch 2)"), std::string::npos) << two.err;
+  EXPECT_TRUE(params_of("nan_two").empty()) << "fit returned normally";
+  // Each rank's error line names the step it stopped after: one step for all. (Rank 0's may be cut
+  // short: its job ends with the worker's code as soon as the worker exits.)
+  std::set<std::string> steps;
+  int lines = 0;
+  for (size_t at = two.err.find("every rank stopped after step "); at != std::string::npos;
+       at = two.err.find("every rank stopped after step ", at + 1), ++lines) {
+    steps.insert(two.err.substr(at, two.err.find(' ', at + 30) - at));
+  }
+  EXPECT_GE(lines, 1) << two.err;
+  EXPECT_EQ(steps.size(), 1u) << two.err;
+
+  const auto one = start("nan_one", {"--devices", "1", "--max-epochs", "3", "--nan-at-step", "2", "--nan-on-rank", "0"});
+  EXPECT_EQ(one.exit_code, 1) << one.err;
+  EXPECT_NE(one.err.find("rank 0 got a nan loss in step 2 (epoch 0, batch 1); every rank stopped after step 2 "),
+            std::string::npos) << one.err;
+  EXPECT_NE(one.err.find("--detect-anomaly true"), std::string::npos) << one.err;
+}
+
+// --detect-anomaly: the backward that makes the NaN names its operation (autograd's anomaly mode).
+TEST_F(TrainerDDP, DetectAnomalyNamesTheOperationThatMadeANan) {
+  const auto result = start("anomaly", {"--devices", "1", "--max-epochs", "1", "--nan-at-step", "2", "--nan-on-rank",
+                                        "0", "--detect-anomaly", "true"});
+  EXPECT_EQ(result.exit_code, 1) << result.err;
+  EXPECT_NE(result.err.find("Function 'MulBackward"), std::string::npos) << result.err;  // 0 or 1 by LibTorch version
+  EXPECT_NE(result.err.find("returned nan values"), std::string::npos) << result.err;
+}
+
+// SIGTERM to rank 0 mid-epoch: every rank stops after the same step, last.ckpt holds the loop's
+// position, and --ckpt-path last ends bit for bit where the uninterrupted run ends (Adam,
+// shuffled data).
+TEST_F(TrainerDDP, ASignalledJobSavesLastAndResumesBitForBit) {
+  const std::vector<std::string> flags{"--devices", "2", "--strategy", "ddp", "--adam", "--max-epochs", "3"};
+  auto with = [&](std::vector<std::string> more) {
+    auto all = flags;
+    all.insert(all.end(), more.begin(), more.end());
+    return all;
+  };
+  const auto uninterrupted = run("whole", flags);
+  const auto stopped = signal_during_pause("stopped", with({}), SIGTERM, "pair");
+  EXPECT_EQ(stopped.exit_code, 128 + SIGTERM) << stopped.err;
+  EXPECT_NE(stopped.err.find("SIGTERM reached rank 0 after step "), std::string::npos) << stopped.err;
+  EXPECT_NE(stopped.err.find("Continue with --ckpt-path last."), std::string::npos) << stopped.err;
+  // Mid-epoch: 4 batches an epoch; the ranks stop within the first epoch, before its end.
+  EXPECT_NE(stopped.err.find("(epoch 0, batch "), std::string::npos) << stopped.err;
+  EXPECT_EQ(stopped.err.find("(epoch 0, batch 4 of 4)"), std::string::npos) << stopped.err;
+  EXPECT_TRUE(std::filesystem::exists(dir / "pair" / "lockstep_logs" / "version_0" / "checkpoints" / "last.ckpt"));
+
+  const auto resumed = run("resumed", with({"--ckpt-path", "last"}), "pair");
+  ASSERT_EQ(uninterrupted.size(), 2u);
+  ASSERT_EQ(resumed.size(), 2u);
+  EXPECT_EQ(max_diff(uninterrupted[0], resumed[0]), 0.0);
+  EXPECT_EQ(max_diff(uninterrupted[1], resumed[1]), 0.0);
+}
+
+// SLURM's warning before the time limit (sbatch --signal=USR1@90): last.ckpt, then rank 0 asks
+// SLURM to queue the job again (a stand-in scontrol records the call).
+TEST_F(TrainerDDP, SigusrOneUnderSlurmSavesAndRequeuesTheJob) {
+  const auto bin = dir / "bin";
+  std::filesystem::create_directories(bin);
+  const auto calls = dir / "scontrol.calls";
+  { std::ofstream(bin / "scontrol") << "#!/bin/sh\necho \"$@\" >> " << calls.string() << "\n"; }
+  std::filesystem::permissions(bin / "scontrol", std::filesystem::perms::owner_all);
+  const auto result = signal_during_pause("usr1", {"--devices", "1", "--max-epochs", "3"}, SIGUSR1, "usr1_runs",
+                                          {{"SLURM_JOB_ID", "4242"}, {"PATH", bin.string() + ":/usr/bin:/bin"}});
+  EXPECT_EQ(result.exit_code, 128 + SIGUSR1) << result.err;
+  EXPECT_NE(result.err.find("SIGUSR1 reached the process after step "), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("Requeued SLURM job 4242 (scontrol requeue)"), std::string::npos) << result.err;
+  EXPECT_EQ(testing::slurp(calls.string()), "requeue 4242\n");
+  EXPECT_TRUE(std::filesystem::exists(dir / "usr1_runs" / "lockstep_logs" / "version_0" / "checkpoints" / "last.ckpt"));
 }
 
 // More CPU ranks than cores: one warning, from the process that launches the others.

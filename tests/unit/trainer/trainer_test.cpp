@@ -117,6 +117,19 @@ TEST_F(TrainerTest, ResumeIsExact) {
   EXPECT_EQ(testing::max_abs_diff(*straight, *resumed), 0.0);
 }
 
+// --ckpt-path last before any run saved one (the first attempt of a restarted job) trains from the
+// start after a note, as Lightning's ckpt_path="last" does.
+TEST_F(TrainerTest, LastWithoutACheckpointTrainsFromTheStartAfterANote) {
+  auto data = regression_data(32);
+  ::testing::internal::CaptureStderr();
+  Trainer trainer(options().max_epochs(1).ckpt_path("last"));
+  trainer.fit(std::make_shared<Regressor>(), std::make_shared<DataLoader>(data, DataLoaderOptions(16)));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("--ckpt-path last: no version_N/checkpoints/last.ckpt under"), std::string::npos) << err;
+  EXPECT_NE(err.find("training from the start"), std::string::npos) << err;
+  EXPECT_EQ(trainer.global_step(), 2);
+}
+
 // A resumed run says once where it writes, and links back to the run that wrote the checkpoint
 // (for `lockstep plot`).
 TEST_F(TrainerTest, AResumedRunSaysWhereItWritesAndLinksToItsOrigin) {
