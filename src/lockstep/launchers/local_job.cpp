@@ -71,6 +71,13 @@ LocalJob& LocalJob::begin(const LaunchOptions& options) {
                       the_job->options().run_id() + "); a process launches once.");
   }
   options.validate();
+  if (options.max_restarts() > 0) {
+    throw LaunchError("max_restarts=" + std::to_string(options.max_restarts()) +
+                      ": an in-process launcher (subprocess, fork) runs local rank 0 in this "
+                      "process and cannot start it again. Start the program with "
+                      "lockstep launch --max-restarts " + std::to_string(options.max_restarts()) +
+                      " -- PROGRAM ARGS instead.");
+  }
   the_job = new LocalJob(options);  // never deleted: the exit-time wait needs it after main()
   return *the_job;
 }
