@@ -379,6 +379,8 @@ TEST(LockstepBadInput, ExitTwoWithTheFix) {
       {{"launch", "--nproc-per-node", "0", "--", "/bin/true"}, {}, "--nproc-per-node"},
       {{"launch", "--", "/no/such/program"}, {}, "/no/such/program"},
       {{"launch", "--nproc-per-node", "2"}, {}, "command"},
+      {{"launch", "--max-restarts", "-1", "--", "true"}, {}, "--max-restarts"},
+      {{"launch", "--nnodes", "2", "--master-port", "29500", "--max-restarts", "1", "--", "true"}, {}, "--nnodes 1"},
       {{"comm-bench", "--sizes", "lots"}, {}, "--sizes 1M,25M,100M"},
       {{"comm-bench", "--ops", "alltoall"}, {}, "allreduce, broadcast, allgather"},
       {{"no-such-command"}, {}, "lockstep --help"},

@@ -14,6 +14,7 @@ struct LaunchArgs {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
   double grace_seconds = 5;
+  int max_restarts = 0;
   std::vector<std::string> command;
 };
 
@@ -33,6 +34,9 @@ Command add_launch_command(CLI::App& app) {
       ->check(CLI::Range(0, 65535))->capture_default_str();
   sub->add_option("--grace-period", args->grace_seconds, "seconds between SIGTERM and SIGKILL when a worker fails")
       ->check(CLI::Range(0.001, 3600.0))->capture_default_str();
+  sub->add_option("--max-restarts", args->max_restarts,
+                  "times to start all workers again after one fails, with a new rendezvous (one node only)")
+      ->check(CLI::Range(0, 1 << 20))->capture_default_str();
   sub->add_option("command", args->command, "the program and its arguments, after --")->required();
   return {sub, [args] {
     const auto options = launchers::LaunchOptions()
@@ -41,7 +45,8 @@ Command add_launch_command(CLI::App& app) {
                              .node_rank(args->node_rank)
                              .master_addr(args->master_addr)
                              .master_port(args->master_port)
-                             .grace_period(std::chrono::milliseconds(static_cast<int64_t>(args->grace_seconds * 1000)));
+                             .grace_period(std::chrono::milliseconds(static_cast<int64_t>(args->grace_seconds * 1000)))
+                             .max_restarts(args->max_restarts);
     return launchers::launch_and_supervise(options, args->command);
   }};
 }

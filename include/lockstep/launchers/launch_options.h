@@ -30,11 +30,14 @@ class LaunchOptions {
   LaunchOptions& master_port(int value) { master_port_ = value; return *this; }
   /// Time a worker gets between SIGTERM and SIGKILL when the job goes down. Default: 5000 ms.
   LaunchOptions& grace_period(std::chrono::milliseconds value) { grace_period_ = value; return *this; }
+  /// launch_and_supervise only: how many times all workers are started again after one fails,
+  /// as torchrun's --max-restarts (one node only). Default: 0.
+  LaunchOptions& max_restarts(int value) { max_restarts_ = value; return *this; }
   /// TORCHELASTIC_RUN_ID of the job. Default: "lockstep-<pid>".
   LaunchOptions& run_id(std::string value) { run_id_ = std::move(value); return *this; }
-  /// Folder of the workers' error files (TORCHELASTIC_ERROR_FILE=<log_dir>/attempt_0/<local
-  /// rank>/error.json, written by Python's `@record`). Default: "" = a new private folder under
-  /// $TMPDIR, made at launch (as torchrun does).
+  /// Folder of the workers' error files (TORCHELASTIC_ERROR_FILE=<log_dir>/attempt_<restart>/
+  /// <local rank>/error.json, written by Python's `@record`). Default: "" = a new private folder
+  /// under $TMPDIR, made at launch (as torchrun does).
   LaunchOptions& log_dir(std::string value) { log_dir_ = std::move(value); return *this; }
   /// In-process launchers (subprocess, fork): how long local rank 0 waits at its exit for the
   /// other workers before terminating them. Default: 60000 ms.
@@ -52,6 +55,7 @@ class LaunchOptions {
   const std::string& master_addr() const { return master_addr_; }
   int master_port() const { return master_port_; }
   std::chrono::milliseconds grace_period() const { return grace_period_; }
+  int max_restarts() const { return max_restarts_; }
   const std::string& run_id() const { return run_id_; }
   const std::string& log_dir() const { return log_dir_; }
   std::chrono::milliseconds exit_timeout() const { return exit_timeout_; }
@@ -62,7 +66,8 @@ class LaunchOptions {
 
   /// Throws LaunchError naming the first wrong value, what was given and how to fix it:
   /// counts below 1, node_rank outside 0..nnodes-1, a port outside 0..65535, master_port 0 with
-  /// nnodes > 1, an empty master_addr or run_id, negative durations.
+  /// nnodes > 1, an empty master_addr or run_id, negative durations, negative max_restarts or
+  /// max_restarts with nnodes > 1.
   void validate() const;
 
  private:
@@ -72,6 +77,7 @@ class LaunchOptions {
   std::string master_addr_ = "127.0.0.1";
   int master_port_ = 0;
   std::chrono::milliseconds grace_period_{5000};
+  int max_restarts_ = 0;
   std::string run_id_;
   std::string log_dir_;
   std::chrono::milliseconds exit_timeout_{60000};

@@ -49,7 +49,8 @@ class LocalLauncher : public Launcher {
 
   /// "subprocess" or "fork".
   std::string name() const override;
-  /// Throws LaunchError (nothing started) for invalid options, an unreadable /proc/self/cmdline,
+  /// Throws LaunchError (nothing started) for invalid options or max_restarts > 0 (rank 0 is this
+  /// process: only `lockstep launch` restarts), an unreadable /proc/self/cmdline,
   /// a fork with more than one thread, or a second launch of this process.
   std::optional<distributed::Placement> launch() override;
   /// What runs at exit: waits up to `timeout` for the other local workers, terminates those still

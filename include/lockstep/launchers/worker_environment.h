@@ -29,18 +29,19 @@ constexpr const char* kNcclAsyncErrorHandling = "NCCL_ASYNC_ERROR_HANDLING";
 ///   GROUP_RANK          = node_rank;  GROUP_WORLD_SIZE = nnodes
 ///   ROLE_NAME           = "default"
 ///   MASTER_ADDR, MASTER_PORT = master_addr, resolved_port
-///   TORCHELASTIC_RESTART_COUNT = "0", TORCHELASTIC_MAX_RESTARTS = "0"
+///   TORCHELASTIC_RESTART_COUNT = restart_count (0 for the first attempt)
+///   TORCHELASTIC_MAX_RESTARTS = max_restarts
 ///   TORCHELASTIC_RUN_ID = run_id
 ///   TORCHELASTIC_USE_AGENT_STORE = "False" (rank 0 hosts the store; no agent does)
-///   TORCHELASTIC_ERROR_FILE = <log_dir>/attempt_0/<local_rank>/error.json, where an empty
+///   TORCHELASTIC_ERROR_FILE = <log_dir>/attempt_<restart_count>/<local_rank>/error.json, where an empty
 ///                         log_dir stands for $TMPDIR/lockstep_<run_id> (launchers replace an empty
 ///                         log_dir by a fresh private folder before calling this)
 ///   kNcclAsyncErrorHandling = the parent's value, else "1"
 ///   OMP_NUM_THREADS     = the parent's value; "1" if unset and nproc_per_node > 1; else absent
-/// Throws LaunchError when local_rank is outside 0..nproc_per_node-1 or resolved_port outside
-/// 1..65535.
+/// Throws LaunchError when local_rank is outside 0..nproc_per_node-1, resolved_port outside
+/// 1..65535 or restart_count outside 0..max_restarts.
 std::map<std::string, std::string> worker_variables(const LaunchOptions& options, int local_rank,
-                                                    int resolved_port);
+                                                    int resolved_port, int restart_count = 0);
 
 /// A TCP port that is free on this node now (bound to port 0 and released). Another process may
 /// take it before rank 0 binds it; the window is short. Throws LaunchError when no socket opens.

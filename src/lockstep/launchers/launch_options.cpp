@@ -37,6 +37,18 @@ void LaunchOptions::validate() const {
          std::to_string(nnodes_) + ": every node must be told the same port. "
          "Use --master-port P with the same P on every node, e.g. --master-port 29500.");
   }
+  if (max_restarts_ < 0) {
+    fail("max_restarts=" + std::to_string(max_restarts_) +
+         " is not a number of restarts: it must be 0 or more. "
+         "Use --max-restarts 0 (never restart) or e.g. --max-restarts 3.");
+  }
+  if (max_restarts_ > 0 && nnodes_ > 1) {
+    fail("max_restarts=" + std::to_string(max_restarts_) + " with nnodes=" + std::to_string(nnodes_) +
+         ": restarts are for a job on one node (--nnodes 1) for now. Each node's launcher would "
+         "restart its own workers, and the static rendezvous (MASTER_ADDR:MASTER_PORT) cannot "
+         "re-form the job across nodes; that needs an elastic rendezvous. Use --max-restarts 0 "
+         "with several nodes, or torchrun --rdzv_backend c10d.");
+  }
   if (master_addr_.empty()) {
     fail("master_addr is empty: the workers need the address of the node that runs global "
          "rank 0. Use --master-addr HOST (127.0.0.1 on one node).");

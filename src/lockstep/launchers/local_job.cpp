@@ -71,6 +71,13 @@ LocalJob& LocalJob::begin(const LaunchOptions& options) {
                       the_job->options().run_id() + "); a process launches once.");
   }
   options.validate();
+  if (options.max_restarts() > 0) {
+    throw LaunchError("max_restarts=" + std::to_string(options.max_restarts()) +
+                      ": an in-process launcher (subprocess, fork) runs local rank 0 in this "
+                      "process and cannot start it again. Start the program with "
+                      "lockstep launch --max-restarts " + std::to_string(options.max_restarts()) +
+                      " -- PROGRAM ARGS instead.");
+  }
   the_job = new LocalJob(options);  // never deleted: the exit-time wait needs it after main()
   return *the_job;
 }
@@ -118,7 +125,7 @@ void LocalJob::watch() {
       if (!code) continue;
       if (*code == 0) return;
       report_error_file();
-      remove_empty_log_dirs(options_.log_dir(), options_.nproc_per_node(), own_log_dir_);
+      remove_empty_log_dirs(options_.log_dir(), options_.nproc_per_node(), 1, own_log_dir_);
       remove_private_store(store_file_);
       say("ending local rank 0 (pid " + std::to_string(::getpid()) + ") with exit code " +
           std::to_string(*code));
@@ -144,7 +151,7 @@ int LocalJob::finish(std::chrono::milliseconds timeout) {
     code = failure ? *failure->exit_code : 1;
   }
   report_error_file();
-  remove_empty_log_dirs(options_.log_dir(), options_.nproc_per_node(), own_log_dir_);
+  remove_empty_log_dirs(options_.log_dir(), options_.nproc_per_node(), 1, own_log_dir_);
   remove_private_store(store_file_);
   result_ = code;
   return *code;
@@ -167,7 +174,7 @@ int LocalJob::end_after_own_failure(int exit_code) {
           std::to_string(supervisor_.running()) + " other worker(s) without waiting for them");
       supervisor_.terminate_all();
     }
-    remove_empty_log_dirs(options_.log_dir(), options_.nproc_per_node(), own_log_dir_);
+    remove_empty_log_dirs(options_.log_dir(), options_.nproc_per_node(), 1, own_log_dir_);
     remove_private_store(store_file_);
   }
   // A later call (guarded_main's, after the Trainer's) knows this rank's code better.

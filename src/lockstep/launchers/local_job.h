@@ -30,7 +30,8 @@ bool is_worker_process();
 class LocalJob {
  public:
   /// Validates `options`, resolves the port and log folder and computes every local rank's
-  /// variables. Throws LaunchError when this process already began a job.
+  /// variables. Throws LaunchError when this process already began a job or `options` ask for
+  /// restarts (this process is local rank 0: it cannot start itself again).
   static LocalJob& begin(const LaunchOptions& options);
   /// The job this process began, or nullptr.
   static LocalJob* current();

@@ -185,13 +185,16 @@ void prepare_error_file(const std::string& path) {
   std::filesystem::remove(file, error);
 }
 
-void remove_empty_log_dirs(const std::string& log_dir, int nproc, bool remove_root) {
+void remove_empty_log_dirs(const std::string& log_dir, int nproc, int attempts, bool remove_root) {
   std::error_code ignored;  // a folder that holds a report is not empty and stays
   const std::filesystem::path root(log_dir);
-  for (int rank = 0; rank < nproc; ++rank) {
-    std::filesystem::remove(root / "attempt_0" / std::to_string(rank), ignored);
+  for (int attempt = 0; attempt < attempts; ++attempt) {
+    const auto folder = root / ("attempt_" + std::to_string(attempt));
+    for (int rank = 0; rank < nproc; ++rank) {
+      std::filesystem::remove(folder / std::to_string(rank), ignored);
+    }
+    std::filesystem::remove(folder, ignored);
   }
-  std::filesystem::remove(root / "attempt_0", ignored);
   if (remove_root) std::filesystem::remove(root, ignored);
 }
 

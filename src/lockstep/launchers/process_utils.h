@@ -48,9 +48,10 @@ LaunchOptions with_private_log_dir(LaunchOptions options);
 /// Makes the folder of a worker's error file and removes a stale file from an earlier job.
 void prepare_error_file(const std::string& path);
 
-/// Removes the error folders of `nproc` local ranks under `log_dir` that stayed empty, and
-/// `log_dir` itself when it is empty and `remove_root`; folders holding an error report stay.
-void remove_empty_log_dirs(const std::string& log_dir, int nproc, bool remove_root);
+/// Removes the error folders of `nproc` local ranks in `attempts` attempts (attempt_0..) under
+/// `log_dir` that stayed empty, and `log_dir` itself when it is empty and `remove_root`; folders
+/// holding an error report stay.
+void remove_empty_log_dirs(const std::string& log_dir, int nproc, int attempts, bool remove_root);
 
 /// For a job on one machine: a new folder only this user can open (mode 0700) and the path of
 /// the ranks' rendezvous file in it (`<folder>/store`; ProcessGroupOptions::store_file), which

@@ -17,7 +17,7 @@ namespace lockstep {
 namespace launchers {
 
 std::map<std::string, std::string> worker_variables(const LaunchOptions& options, int local_rank,
-                                                    int resolved_port) {
+                                                    int resolved_port, int restart_count) {
   const int nproc = options.nproc_per_node();
   if (local_rank < 0 || local_rank >= nproc) {
     throw LaunchError("local_rank=" + std::to_string(local_rank) + " but nproc_per_node=" +
@@ -28,6 +28,11 @@ std::map<std::string, std::string> worker_variables(const LaunchOptions& options
     throw LaunchError("master port " + std::to_string(resolved_port) +
                       " is not a TCP port (1..65535): resolve master_port 0 with "
                       "resolve_master_port() first.");
+  }
+  if (restart_count < 0 || restart_count > options.max_restarts()) {
+    throw LaunchError("restart_count=" + std::to_string(restart_count) + " but max_restarts=" +
+                      std::to_string(options.max_restarts()) + ": attempts run from 0 to " +
+                      std::to_string(options.max_restarts()) + ".");
   }
   const std::string rank = std::to_string(options.node_rank() * nproc + local_rank);
   const std::string world_size = std::to_string(options.world_size());
@@ -46,12 +51,13 @@ std::map<std::string, std::string> worker_variables(const LaunchOptions& options
       {"ROLE_WORLD_SIZE", world_size},
       {"MASTER_ADDR", options.master_addr()},
       {"MASTER_PORT", std::to_string(resolved_port)},
-      {"TORCHELASTIC_RESTART_COUNT", "0"},
-      {"TORCHELASTIC_MAX_RESTARTS", "0"},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(options.max_restarts())},
       {"TORCHELASTIC_RUN_ID", options.run_id()},
       {"TORCHELASTIC_USE_AGENT_STORE", "False"},
       {"TORCHELASTIC_ERROR_FILE",
-       log_dir + "/attempt_0/" + std::to_string(local_rank) + "/error.json"},
+       log_dir + "/attempt_" + std::to_string(restart_count) + "/" + std::to_string(local_rank) +
+           "/error.json"},
   };
   const char* nccl = std::getenv(kNcclAsyncErrorHandling);
   vars[kNcclAsyncErrorHandling] = nccl != nullptr ? nccl : "1";

@@ -33,6 +33,7 @@ TEST(launch_options, DefaultsMatchTorchrunAndAreValid) {
   EXPECT_EQ(options.run_id(), "lockstep-" + std::to_string(::getpid()));
   EXPECT_EQ(options.log_dir(), "");
   EXPECT_EQ(options.exit_timeout(), std::chrono::milliseconds(60000));
+  EXPECT_EQ(options.max_restarts(), 0);
   EXPECT_EQ(validation_error(options), "");
 }
 
@@ -46,7 +47,8 @@ TEST(launch_options, SettersChainAndMultiNodeWithPortIsValid) {
                            .grace_period(std::chrono::milliseconds(250))
                            .run_id("job7")
                            .log_dir("/tmp/x")
-                           .exit_timeout(std::chrono::milliseconds(10));
+                           .exit_timeout(std::chrono::milliseconds(10))
+                           .max_restarts(0);
   EXPECT_EQ(options.nproc_per_node(), 4);
   EXPECT_EQ(options.nnodes(), 2);
   EXPECT_EQ(options.node_rank(), 1);
@@ -58,6 +60,8 @@ TEST(launch_options, SettersChainAndMultiNodeWithPortIsValid) {
   EXPECT_EQ(options.exit_timeout(), std::chrono::milliseconds(10));
   EXPECT_EQ(options.world_size(), 8);
   EXPECT_EQ(validation_error(options), "");
+  EXPECT_EQ(validation_error(LaunchOptions().nproc_per_node(2).max_restarts(3)), "");
+  EXPECT_EQ(LaunchOptions().max_restarts(3).max_restarts(), 3);
 }
 
 struct BadOptions {
@@ -101,7 +105,11 @@ INSTANTIATE_TEST_SUITE_P(
                    {"grace_period=-1", "SIGKILL"}},
         BadOptions{"negative_exit_timeout",
                    LaunchOptions().exit_timeout(std::chrono::milliseconds(-5)),
-                   {"exit_timeout=-5"}}));
+                   {"exit_timeout=-5"}},
+        BadOptions{"negative_max_restarts", LaunchOptions().max_restarts(-1),
+                   {"max_restarts=-1", "0 or more", "--max-restarts"}},
+        BadOptions{"restarts_on_two_nodes", LaunchOptions().nnodes(2).master_port(29500).max_restarts(1),
+                   {"max_restarts=1", "nnodes=2", "--nnodes 1", "elastic rendezvous"}}));
 
 TEST(launch_options, LaunchErrorIsARuntimeError) {
   EXPECT_THROW(LaunchOptions().nproc_per_node(0).validate(), std::runtime_error);

@@ -5,10 +5,12 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -180,6 +182,127 @@ TEST_F(launch_and_supervise_test, SigintToTheLauncherIsForwarded) {
   const auto pids = worker_pids(dir, 2);
   ::kill(launcher.pid, SIGINT);
   EXPECT_EQ(wait_exit(launcher.pid, milliseconds(10000)), 128 + SIGINT) << launcher.stderr_text();
+  EXPECT_TRUE(all_gone_within(pids, milliseconds(1000)));
+  kill_all(pids);
+}
+
+// `launch_driver NPROC 500 0 MAX_RESTARTS -- /bin/sh -c SCRIPT sh DIR`: SCRIPT sees `dir` as $1.
+Process launch_script(const TempDir& dir, int nproc, int max_restarts, const std::string& script) {
+  return start({program("launch_driver"), std::to_string(nproc), "500", "0", std::to_string(max_restarts), "--",
+                "/bin/sh", "-c", script, "sh", dir.path()},
+               dir.file("launcher.stderr"), {{"TMPDIR", dir.path()}});
+}
+
+// Every worker start appends "LOCAL_RANK RESTART_COUNT MAX_RESTARTS MASTER_PORT STORE_FILE" to
+// $1/runs before it does anything else.
+const std::string kRecordRun =
+    "echo \"$LOCAL_RANK $TORCHELASTIC_RESTART_COUNT $TORCHELASTIC_MAX_RESTARTS $MASTER_PORT "
+    "$LOCKSTEP_STORE_FILE\" >> \"$1/runs\"; ";
+
+struct Run {
+  std::string local_rank, restart_count, max_restarts, master_port, store_file;
+};
+
+std::vector<Run> runs_of(const TempDir& dir, const std::string& local_rank) {
+  std::vector<Run> runs;
+  std::istringstream lines(read_text(dir.file("runs")));
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream fields(line);
+    Run run;
+    fields >> run.local_rank >> run.restart_count >> run.max_restarts >> run.master_port >> run.store_file;
+    if (run.local_rank == local_rank) runs.push_back(run);
+  }
+  std::sort(runs.begin(), runs.end(),
+            [](const Run& a, const Run& b) { return std::stoi(a.restart_count) < std::stoi(b.restart_count); });
+  return runs;
+}
+
+// Local rank 1 fails in the first attempt only; local rank 0 never does.
+const std::string kRankOneFailsFirst =
+    kRecordRun + "[ \"$LOCAL_RANK\" = 1 ] && [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && exit 3; exit 0";
+
+TEST_F(launch_and_supervise_test, RestartsAllWorkersWithANewRendezvous) {
+  TempDir dir;
+  const auto launcher = launch_script(dir, 2, 1, kRankOneFailsFirst);
+  ASSERT_EQ(wait_exit(launcher.pid, milliseconds(15000)), 0) << launcher.stderr_text();
+  const auto rank_one = runs_of(dir, "1");
+  ASSERT_EQ(rank_one.size(), 2u) << read_text(dir.file("runs"));
+  EXPECT_EQ(rank_one[0].restart_count, "0");
+  EXPECT_EQ(rank_one[1].restart_count, "1");
+  EXPECT_EQ(rank_one[1].max_restarts, "1");
+  EXPECT_NE(rank_one[0].master_port, rank_one[1].master_port) << "master_port 0: a new port per attempt";
+  EXPECT_NE(rank_one[0].store_file, rank_one[1].store_file) << "a new rendezvous file per attempt";
+  // The second attempt is the whole job again: local rank 0 ran in it too, on the same rendezvous.
+  const auto rank_zero = runs_of(dir, "0");
+  ASSERT_FALSE(rank_zero.empty());
+  EXPECT_EQ(rank_zero.back().restart_count, "1");
+  EXPECT_EQ(rank_zero.back().master_port, rank_one[1].master_port);
+  EXPECT_EQ(rank_zero.back().store_file, rank_one[1].store_file);
+  const std::string report = launcher.stderr_text();
+  EXPECT_NE(report.find("restarting all 2 worker(s) (restart 1 of 1) after worker local_rank=1 failed with "
+                        "exit code 3"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("the job succeeded after 1 restart(s)"), std::string::npos) << report;
+  EXPECT_FALSE(exists(rank_one[1].store_file)) << "the rendezvous folders are removed";
+  EXPECT_EQ(log_folders(dir), 0) << "the empty error-file folders of both attempts are removed";
+}
+
+TEST_F(launch_and_supervise_test, NoRestartsByDefault) {
+  TempDir dir;
+  const auto launcher = launch_script(dir, 2, 0, kRankOneFailsFirst);
+  EXPECT_EQ(wait_exit(launcher.pid, milliseconds(15000)), 3) << launcher.stderr_text();
+  ASSERT_EQ(runs_of(dir, "1").size(), 1u) << read_text(dir.file("runs"));
+  EXPECT_EQ(runs_of(dir, "1")[0].max_restarts, "0");
+  EXPECT_EQ(launcher.stderr_text().find("restart"), std::string::npos) << launcher.stderr_text();
+}
+
+TEST_F(launch_and_supervise_test, NoRestartWhenEveryWorkerSucceeds) {
+  TempDir dir;
+  const auto launcher = launch_script(dir, 2, 2, kRecordRun + "exit 0");
+  EXPECT_EQ(wait_exit(launcher.pid, milliseconds(15000)), 0) << launcher.stderr_text();
+  EXPECT_EQ(runs_of(dir, "0").size(), 1u) << read_text(dir.file("runs"));
+  EXPECT_EQ(runs_of(dir, "1").size(), 1u) << read_text(dir.file("runs"));
+  EXPECT_EQ(launcher.stderr_text().find("restart"), std::string::npos) << launcher.stderr_text();
+}
+
+TEST_F(launch_and_supervise_test, GivesUpAfterMaxRestartsWithTheLastCode) {
+  TempDir dir;
+  // Local rank 1 always fails, leaving an error report in its attempt's folder.
+  const auto launcher = launch_script(
+      dir, 2, 2,
+      kRecordRun + "[ \"$LOCAL_RANK\" = 1 ] && { echo '{}' > \"$TORCHELASTIC_ERROR_FILE\"; exit 3; }; exit 0");
+  EXPECT_EQ(wait_exit(launcher.pid, milliseconds(20000)), 3) << launcher.stderr_text();
+  const auto rank_one = runs_of(dir, "1");
+  ASSERT_EQ(rank_one.size(), 3u) << "the first attempt and 2 restarts: " << read_text(dir.file("runs"));
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    EXPECT_EQ(rank_one[attempt].restart_count, std::to_string(attempt));
+  }
+  const std::string report = launcher.stderr_text();
+  EXPECT_NE(report.find("(restart 2 of 2)"), std::string::npos) << report;
+  EXPECT_EQ(report.find("(restart 3 of"), std::string::npos) << report;
+  EXPECT_NE(report.find("giving up after 2 restart(s) (--max-restarts 2); worker local_rank=1 failed with exit "
+                        "code 3 every time"),
+            std::string::npos)
+      << report;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const std::string error_file = "/attempt_" + std::to_string(attempt) + "/1/error.json\n";
+    EXPECT_NE(report.find(error_file), std::string::npos) << "attempt " << attempt << ": " << report;
+  }
+}
+
+TEST_F(launch_and_supervise_test, NoRestartWhenTheLauncherIsAskedToStop) {
+  TempDir dir;
+  const auto launcher =
+      launch_script(dir, 2, 2, kRecordRun + "echo $$ > \"$1/pid.$LOCAL_RANK\"; exec sleep 30");
+  ASSERT_TRUE(wait_for_files(pid_files(dir, 2), milliseconds(10000))) << launcher.stderr_text();
+  const auto pids = worker_pids(dir, 2);
+  ::kill(launcher.pid, SIGTERM);
+  EXPECT_EQ(wait_exit(launcher.pid, milliseconds(10000)), 128 + SIGTERM) << launcher.stderr_text();
+  EXPECT_EQ(runs_of(dir, "0").size() + runs_of(dir, "1").size(), 2u) << read_text(dir.file("runs"));
+  const std::string report = launcher.stderr_text();
+  EXPECT_EQ(report.find("restarting all"), std::string::npos) << report;
+  EXPECT_NE(report.find("not restarting: this launcher received signal 15"), std::string::npos) << report;
   EXPECT_TRUE(all_gone_within(pids, milliseconds(1000)));
   kill_all(pids);
 }

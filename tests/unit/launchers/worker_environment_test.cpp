@@ -132,12 +132,24 @@ TEST(launch_worker_environment_nccl, KeepsTheParentsAsyncErrorHandling) {
   EXPECT_EQ(worker_variables(LaunchOptions(), 0, 1234).at(kNcclAsyncErrorHandling), "1");
 }
 
-TEST(launch_worker_environment_errors, RejectsRankOrPortOutOfRange) {
+TEST(launch_worker_environment_restarts, RestartCountNamesTheAttempt) {
+  const auto options = LaunchOptions().nproc_per_node(2).max_restarts(3).log_dir("/logs");
+  const auto vars = worker_variables(options, 1, 1234, 2);
+  EXPECT_EQ(vars.at("TORCHELASTIC_RESTART_COUNT"), "2");
+  EXPECT_EQ(vars.at("TORCHELASTIC_MAX_RESTARTS"), "3");
+  EXPECT_EQ(vars.at("TORCHELASTIC_ERROR_FILE"), "/logs/attempt_2/1/error.json");
+}
+
+TEST(launch_worker_environment_errors, RejectsRankPortOrRestartOutOfRange) {
   const auto options = LaunchOptions().nproc_per_node(2);
   EXPECT_THROW(worker_variables(options, 2, 1234), LaunchError);
   EXPECT_THROW(worker_variables(options, -1, 1234), LaunchError);
   EXPECT_THROW(worker_variables(options, 0, 0), LaunchError);
   EXPECT_THROW(worker_variables(options, 0, 65536), LaunchError);
+  EXPECT_THROW(worker_variables(options, 0, 1234, 1), LaunchError) << "max_restarts is 0";
+  const auto restarting = LaunchOptions(options).max_restarts(2);
+  EXPECT_THROW(worker_variables(restarting, 0, 1234, -1), LaunchError);
+  EXPECT_THROW(worker_variables(restarting, 0, 1234, 3), LaunchError);
 }
 
 TEST(launch_worker_environment_port, FreePortCanBeBound) {
