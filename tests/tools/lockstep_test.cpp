@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <ATen/Context.h>
+#include <torch/torch.h>
 #include <torch/version.h>
 
 #define STB_IMAGE_IMPLEMENTATION
@@ -15,6 +16,7 @@
 #include <lockstep/launchers/worker_environment.h>
 
 #include "../support/command.h"
+#include "../support/temp_dir.h"
 #include "../unit/launchers/process_support.h"
 
 namespace lockstep {
@@ -314,6 +316,47 @@ TEST(LockstepUnderMpirun, DDPTrainsAsWhenItLaunchesItself) {
   EXPECT_EQ(reports[0]["world_size"], 2);
   EXPECT_EQ(reports[0]["gradient_transport"], "shared memory") << reports[0].dump();
   EXPECT_EQ(reports[0]["loss"], reports[1]["loss"]) << "mpirun's job and the self-launched one differ";
+}
+
+// --max-restarts 1 with the Trainer's --ckpt-path last: rank 1 crashes once after step 6 (epoch 1,
+// Adam, shuffled data); every worker starts again, resumes from the last.ckpt of epoch 0, and the
+// job ends bit for bit where the same job without the crash ends.
+TEST(LockstepLaunch, ARestartedTrainerEndsAsTheJobWithoutTheCrash) {
+  testing::TempDir dir("lockstep_restarts");
+  const auto job = [&](const std::string& name, const std::vector<std::string>& extra) {
+    const std::string out = dir.path() + "/" + name;
+    std::filesystem::create_directories(out);
+    std::vector<std::string> argv{lockstep_bin, "launch", "--nproc-per-node", "2", "--max-restarts", "1",
+                                  "--grace-period", "2", "--", std::string(LOCKSTEP_BIN_DIR) + "/../tests/trainer_program",
+                                  "--out", out, "--default-root-dir", out + "/runs", "--timeout", "60", "--strategy",
+                                  "ddp", "--adam", "--max-epochs", "3", "--ckpt-path", "last"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    const auto result = run_command(argv, {{"PATH", "/usr/bin:/bin"}, {"OMP_NUM_THREADS", "1"},
+                                           {"LOCKSTEP_NO_BLAS_WARNING", "1"}}, std::chrono::seconds(100));
+    EXPECT_EQ(result.exit_code, 0) << name << ": " << result.err;
+    std::vector<std::vector<torch::Tensor>> ranks(2);
+    for (int r = 0; r < 2; ++r) {
+      if (std::filesystem::exists(out + "/params." + std::to_string(r) + ".pt")) {
+        torch::load(ranks[r], out + "/params." + std::to_string(r) + ".pt");
+      }
+    }
+    return std::make_pair(result, ranks);
+  };
+  const auto [whole, uninterrupted] = job("whole", {});
+  const auto [restarted, resumed] = job("restarted", {"--crash-at-step", "6", "--crash-on-rank", "1"});
+  EXPECT_NE(restarted.err.find("rank 1 crashes after step 6 on purpose"), std::string::npos) << restarted.err;
+  EXPECT_NE(restarted.err.find("(restart 1 of 1) after worker local_rank=1 failed with exit code 3"),
+            std::string::npos) << restarted.err;
+  EXPECT_NE(restarted.err.find("lockstep: resuming from"), std::string::npos) << restarted.err;
+  EXPECT_NE(restarted.err.find("the job succeeded after 1 restart(s)"), std::string::npos) << restarted.err;
+  EXPECT_EQ(whole.err.find("restarting all"), std::string::npos) << whole.err;
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(uninterrupted[r].size(), 4u) << "rank " << r << ": " << whole.err;
+    ASSERT_EQ(resumed[r].size(), 4u) << "rank " << r << ": " << restarted.err;
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_TRUE(torch::equal(uninterrupted[r][i], resumed[r][i])) << "rank " << r << ", parameter " << i;
+    }
+  }
 }
 
 TEST(LockstepLaunch, KillingOneWorkerTakesTheJobDown) {
