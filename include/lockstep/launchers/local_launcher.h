@@ -49,9 +49,12 @@ class LocalLauncher : public Launcher {
 
   /// "subprocess" or "fork".
   std::string name() const override;
-  /// Throws LaunchError (nothing started) for invalid options or max_restarts > 0 (rank 0 is this
-  /// process: only `lockstep launch` restarts), an unreadable /proc/self/cmdline,
-  /// a fork with more than one thread, or a second launch of this process.
+  /// With max_restarts > 0, a failure (a worker's, or this process's through end_launched_job)
+  /// ends the workers and starts this program again in place of this process, with the command
+  /// line and environment it started with, up to max_restarts times; the program resumes itself
+  /// (the Trainer's --ckpt-path last). A stop (exit code 128 + SIGINT, SIGTERM, SIGUSR1) is not
+  /// restarted. Throws LaunchError (nothing started) for invalid options, an unreadable
+  /// /proc/self/cmdline, a fork with more than one thread, or a second launch of this process.
   std::optional<distributed::Placement> launch() override;
   /// What runs at exit: waits up to `timeout` for the other local workers, terminates those still
   /// running, and returns the job's code (0; the first failed worker's code; 1 when workers had to

@@ -38,6 +38,8 @@ struct StrategyContext {
   bool sync_batchnorm = false;
   /// --distributed-debug detail: collectives compare their calls across ranks first.
   bool check_collectives = false;
+  /// --max-restarts: how often the launcher this strategy makes may start the job again.
+  int max_restarts = 0;
 };
 
 class Strategy {

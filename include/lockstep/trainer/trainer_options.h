@@ -76,6 +76,10 @@ struct TrainerOptions {
   /// shape, number) before running it, and a difference stops every rank naming both calls (as
   /// LOCKSTEP_DISTRIBUTED_DEBUG=detail, PyTorch's TORCH_DISTRIBUTED_DEBUG). Default: "off".
   TORCH_ARG(std::string, distributed_debug) = "off";
+  /// Self-launch (--devices N on this machine): after a failure, end every rank and start the
+  /// program again, up to this many times (torchrun's --max-restarts); give --ckpt-path last to
+  /// continue where it was. Under another launcher use its own restarts. Default: 0.
+  TORCH_ARG(int64_t, max_restarts) = 0;
   /// Autograd's anomaly mode during fit: a backward that makes a NaN names the operation whose
   /// forward made it (slow; for debugging, as Lightning's detect_anomaly). Default: false.
   TORCH_ARG(bool, detect_anomaly) = false;

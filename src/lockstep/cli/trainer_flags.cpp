@@ -159,6 +159,8 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
   add(g, "--timeout", o.timeout(), "seconds a collective may block before it fails")
       ->check(CLI::Range(0.001, 1e9));
   add(g, "--distributed-debug", o.distributed_debug(), "off|detail: the ranks compare each collective's call first");
+  add(g, "--max-restarts", o.max_restarts(), "self-launch: start the job again after a failure, up to N times")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   add(g, "--detect-anomaly", o.detect_anomaly(), "true|false: autograd anomaly mode (names the op that made a NaN)");
   add(g, "--benchmark", o.benchmark(), "true|false: cudnn.benchmark (CUDA; no effect on the CPU)");
   add(g, "--profiler", o.profiler(), "true|false: print time per hook at the end");

@@ -3,8 +3,12 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 
 #include "lockstep/launchers/launch_error.h"
@@ -40,6 +44,8 @@ LocalJob* the_job = nullptr;
 
 constexpr std::chrono::milliseconds kWatchInterval(50);
 constexpr std::chrono::milliseconds kCauseWindow(1000);
+// Set in the environment of local rank 0 when a restart starts it again: the restart's number.
+constexpr const char* kRestartVariable = "LOCKSTEP_SELF_RESTART_COUNT";
 
 void flush_everything() {
   std::cout.flush();
@@ -71,13 +77,6 @@ LocalJob& LocalJob::begin(const LaunchOptions& options) {
                       the_job->options().run_id() + "); a process launches once.");
   }
   options.validate();
-  if (options.max_restarts() > 0) {
-    throw LaunchError("max_restarts=" + std::to_string(options.max_restarts()) +
-                      ": an in-process launcher (subprocess, fork) runs local rank 0 in this "
-                      "process and cannot start it again. Start the program with "
-                      "lockstep launch --max-restarts " + std::to_string(options.max_restarts()) +
-                      " -- PROGRAM ARGS instead.");
-  }
   the_job = new LocalJob(options);  // never deleted: the exit-time wait needs it after main()
   return *the_job;
 }
@@ -89,10 +88,22 @@ LocalJob::LocalJob(const LaunchOptions& options)
       own_log_dir_(options.log_dir().empty()),
       owner_(::getpid()),
       supervisor_(options.grace_period()) {
+  if (options_.max_restarts() > 0) {
+    // Local rank 0 is this process: a restart starts the program again in its place.
+    command_line_ = self_command_line();
+    first_environment_ = current_environment();
+    if (const char* restart = std::getenv(kRestartVariable)) {
+      try {
+        restart_count_ = std::min(std::max(std::stoi(restart), 0), options_.max_restarts());
+      } catch (const std::exception&) {
+        restart_count_ = 0;
+      }
+    }
+  }
   const int port = resolve_master_port(options_);
   if (options_.nnodes() == 1) store_file_ = make_private_store_file(options_.run_id());
   for (int rank = 0; rank < options_.nproc_per_node(); ++rank) {
-    variables_.push_back(worker_variables(options_, rank, port));
+    variables_.push_back(worker_variables(options_, rank, port, restart_count_));
     if (!store_file_.empty()) variables_.back()["LOCKSTEP_STORE_FILE"] = store_file_;
     prepare_error_file(variables_.back().at("TORCHELASTIC_ERROR_FILE"));
     distributed::Placement placement;
@@ -127,6 +138,9 @@ void LocalJob::watch() {
       report_error_file();
       remove_empty_log_dirs(options_.log_dir(), options_.nproc_per_node(), 1, own_log_dir_);
       remove_private_store(store_file_);
+      const auto failure = supervisor_.first_failure();
+      restart_if_allowed(*code, "worker local_rank=" + std::to_string(failure ? failure->local_rank : -1) +
+                                    " failed with exit code " + std::to_string(*code));
       say("ending local rank 0 (pid " + std::to_string(::getpid()) + ") with exit code " +
           std::to_string(*code));
       flush_everything();
@@ -153,6 +167,7 @@ int LocalJob::finish(std::chrono::milliseconds timeout) {
   report_error_file();
   remove_empty_log_dirs(options_.log_dir(), options_.nproc_per_node(), 1, own_log_dir_);
   remove_private_store(store_file_);
+  if (*code == 0 && restart_count_ > 0) say("the job succeeded after " + std::to_string(restart_count_) + " restart(s)");
   result_ = code;
   return *code;
 }
@@ -176,10 +191,44 @@ int LocalJob::end_after_own_failure(int exit_code) {
     }
     remove_empty_log_dirs(options_.log_dir(), options_.nproc_per_node(), 1, own_log_dir_);
     remove_private_store(store_file_);
+    const auto failure = supervisor_.first_failure();
+    restart_if_allowed(worker_code_.value_or(exit_code),
+                       worker_code_ && failure ? "worker local_rank=" + std::to_string(failure->local_rank) +
+                                                     " failed with exit code " + std::to_string(*worker_code_)
+                                               : "local rank 0 failed with exit code " + std::to_string(exit_code));
   }
   // A later call (guarded_main's, after the Trainer's) knows this rank's code better.
   result_ = worker_code_ ? *worker_code_ : exit_code;
   return *result_;
+}
+
+void LocalJob::restart_if_allowed(int exit_code, const std::string& why) {
+  if (options_.max_restarts() == 0) return;
+  for (int stop : {SIGINT, SIGTERM, SIGUSR1}) {
+    if (exit_code == 128 + stop) return;  // asked to end (a stop that saved last.ckpt): not a failure
+  }
+  if (restart_count_ >= options_.max_restarts()) {
+    say("giving up after " + std::to_string(restart_count_) + " restart(s) (--max-restarts " +
+        std::to_string(options_.max_restarts()) + "); " + why);
+    return;
+  }
+  supervisor_.terminate_all();
+  say("restarting the job (restart " + std::to_string(restart_count_ + 1) + " of " +
+      std::to_string(options_.max_restarts()) + ") after " + why + ": " + command_line_.front() +
+      " starts again");
+  flush_everything();
+  auto environment = first_environment_;
+  environment[kRestartVariable] = std::to_string(restart_count_ + 1);
+  std::vector<std::string> entries;
+  for (const auto& [name, value] : environment) entries.push_back(name + "=" + value);
+  std::vector<char*> argv, envp;
+  for (auto& arg : command_line_) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  for (auto& entry : entries) envp.push_back(entry.data());
+  envp.push_back(nullptr);
+  ::execve("/proc/self/exe", argv.data(), envp.data());
+  say("could not start the program again (" + std::string(std::strerror(errno)) + "); ending with exit code " +
+      std::to_string(exit_code));
 }
 
 void LocalJob::report_error_file() const {

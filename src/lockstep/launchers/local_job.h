@@ -30,8 +30,7 @@ bool is_worker_process();
 class LocalJob {
  public:
   /// Validates `options`, resolves the port and log folder and computes every local rank's
-  /// variables. Throws LaunchError when this process already began a job or `options` ask for
-  /// restarts (this process is local rank 0: it cannot start itself again).
+  /// variables. Throws LaunchError when this process already began a job.
   static LocalJob& begin(const LaunchOptions& options);
   /// The job this process began, or nullptr.
   static LocalJob* current();
@@ -58,10 +57,17 @@ class LocalJob {
   /// after (the likelier cause), whose failure is reported and whose code is the job's. Returns
   /// the job's code.
   int end_after_own_failure(int exit_code);
+  /// This process's attempt: 0, or the restart it was started as (LOCKSTEP_SELF_RESTART_COUNT).
+  int restart_count() const { return restart_count_; }
 
  private:
   explicit LocalJob(const LaunchOptions& options);
   void report_error_file() const;
+  /// With restarts left and a failure that is not a stop (128 + SIGINT, SIGTERM or SIGUSR1: the
+  /// job was asked to end), ends the workers and starts this program again in place of this
+  /// process (execve; the same command line and the environment it started with), as the next
+  /// restart. Returns only when it does not restart.
+  void restart_if_allowed(int exit_code, const std::string& why);
 
   LaunchOptions options_;
   bool own_log_dir_;
@@ -79,6 +85,9 @@ class LocalJob {
   std::optional<int> result_;
   bool ended_early_ = false;        // end_after_own_failure ran
   std::optional<int> worker_code_;  // a worker failed first: its code is the job's
+  int restart_count_ = 0;
+  std::vector<std::string> command_line_;                // restarts: what runs again
+  std::map<std::string, std::string> first_environment_;  // restarts: before export_variables
 };
 
 }  // namespace detail

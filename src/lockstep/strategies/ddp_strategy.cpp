@@ -48,7 +48,8 @@ std::unique_ptr<launchers::Launcher> DDPStrategy::launcher() {
   auto options = launchers::LaunchOptions()
                      .nproc_per_node(context_.devices_per_node)
                      .master_addr(env.main_address())
-                     .master_port(env.main_port());
+                     .master_port(env.main_port())
+                     .max_restarts(context_.max_restarts);
   if (context_.accelerator == accelerators::Accelerator::cuda) {
     // The workers use rank 0's pick (--auto-select-gpus) instead of probing again.
     std::string ids;

@@ -153,6 +153,21 @@ ExecutionPlan resolve_plan(const TrainerOptions& o, const environments::Environ&
   LOCKSTEP_CHECK(debug == "off" || debug == "detail", UsageError, "--distributed-debug '", o.distributed_debug(),
                  "' is not known: use off (the default) or detail (the ranks compare each collective's call first).");
   c.check_collectives = debug == "detail";
+  c.max_restarts = static_cast<int>(o.max_restarts());
+  if (o.max_restarts() > 0) {
+    // Only a job the Trainer launches itself, on this machine, can be started again by it.
+    const std::string fix = " Use the restarts of what starts the processes (lockstep launch --max-restarts " +
+                            std::to_string(o.max_restarts()) + ", torchrun --max-restarts), and --ckpt-path last.";
+    // A worker the Trainer launched has the launch's TORCHELASTIC_MAX_RESTARTS.
+    const bool launched_by_us = environ.get("TORCHELASTIC_MAX_RESTARTS") == std::to_string(o.max_restarts());
+    LOCKSTEP_CHECK(!c.environment->creates_processes_externally() || launched_by_us, UsageError, "--max-restarts ",
+                   o.max_restarts(), ": this process was started by a launcher (", c.environment->name(),
+                   "), not by the Trainer.", fix);
+    LOCKSTEP_CHECK(c.devices_per_node * c.num_nodes > 1 && c.num_nodes == 1, UsageError, "--max-restarts ",
+                   o.max_restarts(), " restarts the processes the Trainer launches on one machine (--devices 2 or "
+                   "more, --num-nodes 1); this run has ", c.devices_per_node, " process(es) on ", c.num_nodes,
+                   " node(s).", fix);
+  }
   plan.strategy->set_context(c);
   return plan;
 }

@@ -272,19 +272,6 @@ TEST(fork_launcher_refusal, RefusesInThisProcessOnceAThreadRuns) {
   EXPECT_EQ(::waitpid(-1, &status, WNOHANG), -1) << "no worker may have been forked";
 }
 
-TEST(subprocess_launcher_refusal, RefusesRestartsWhichOnlyLockstepLaunchDoes) {
-  std::string message;
-  try {
-    LocalLauncher(LaunchOptions().nproc_per_node(2).max_restarts(1)).launch();
-  } catch (const LaunchError& error) {
-    message = error.what();
-  }
-  EXPECT_NE(message.find("max_restarts=1"), std::string::npos) << message;
-  EXPECT_NE(message.find("lockstep launch --max-restarts 1"), std::string::npos) << message;
-  int status = 0;
-  EXPECT_EQ(::waitpid(-1, &status, WNOHANG), -1) << "no worker may have been started";
-}
-
 TEST(fork_launcher_name, IsFork) { EXPECT_EQ(LocalLauncher(LaunchOptions(), StartMethod::fork).name(), "fork"); }
 
 }  // namespace

@@ -274,6 +274,40 @@ TEST_F(TrainerDDP, SigusrOneUnderSlurmSavesAndRequeuesTheJob) {
   EXPECT_TRUE(std::filesystem::exists(dir / "usr1_runs" / "lockstep_logs" / "version_0" / "checkpoints" / "last.ckpt"));
 }
 
+// Self-launch with --max-restarts 1: rank 1 crashes once after step 6 (epoch 1); rank 0 ends the
+// job and starts the program again, which resumes from last.ckpt (--ckpt-path last) and ends bit
+// for bit where the job without the crash ends. A failure that comes back every time gives up
+// after the last restart with its code.
+TEST_F(TrainerDDP, SelfLaunchRestartsAndEndsAsTheJobWithoutTheCrash) {
+  const std::vector<std::string> flags{"--devices", "2", "--strategy", "ddp", "--adam", "--max-epochs", "3",
+                                       "--ckpt-path", "last", "--max-restarts", "1"};
+  auto with = [&](std::vector<std::string> more) {
+    auto all = flags;
+    all.insert(all.end(), more.begin(), more.end());
+    return all;
+  };
+  const auto uninterrupted = run("whole", flags, "whole_runs");
+  const auto crashed = start("crashed", with({"--crash-at-step", "6", "--crash-on-rank", "1"}), "crashed_runs");
+  EXPECT_EQ(crashed.exit_code, 0) << crashed.err;
+  EXPECT_NE(crashed.err.find("rank 1 crashes after step 6 on purpose"), std::string::npos) << crashed.err;
+  EXPECT_NE(crashed.err.find("restarting the job (restart 1 of 1) after worker local_rank=1 failed with exit code 3"),
+            std::string::npos) << crashed.err;
+  EXPECT_NE(crashed.err.find("lockstep: resuming from"), std::string::npos) << crashed.err;
+  EXPECT_NE(crashed.err.find("the job succeeded after 1 restart(s)"), std::string::npos) << crashed.err;
+  const auto resumed = params_of("crashed");
+  ASSERT_EQ(uninterrupted.size(), 2u);
+  ASSERT_EQ(resumed.size(), 2u);
+  EXPECT_EQ(max_diff(uninterrupted[0], resumed[0]), 0.0);
+  EXPECT_EQ(max_diff(uninterrupted[1], resumed[1]), 0.0);
+
+  const auto always = start("always", with({"--fail-on-rank", "0"}), "always_runs");
+  EXPECT_EQ(always.exit_code, 1) << always.err;
+  EXPECT_NE(always.err.find("restarting the job (restart 1 of 1) after local rank 0 failed with exit code 1"),
+            std::string::npos) << always.err;
+  EXPECT_NE(always.err.find("giving up after 1 restart(s) (--max-restarts 1); local rank 0 failed with exit code 1"),
+            std::string::npos) << always.err;
+}
+
 // More CPU ranks than cores: one warning, from the process that launches the others.
 TEST_F(TrainerDDP, MoreRanksThanCoresIsAWarningOnce) {
   cpu_set_t cpus;
