@@ -17,15 +17,11 @@
 /// ranks (DDP's gradient all-reduce does). A rank that finds itself past the agreed step throws
 /// DistributedError rather than drift.
 
-#include <atomic>
-#include <condition_variable>
 #include <csignal>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <lockstep/distributed/process_group.h>
@@ -61,27 +57,14 @@ class AgreedStop {
   std::optional<StopRequest> at_step(int64_t step);
 
  private:
-  void watch();
-  void publish_signal();
-  void publish(int signal, const std::string& reason);
-  void acknowledge();
-  void wait_until_all_know();
-  std::string key(const std::string& name) const;
-
-  std::shared_ptr<ProcessGroup> group_;
-  std::string prefix_;                    // this AgreedStop's keys in the group's store
+  // What the watcher thread shares with the training thread. The thread holds it too: a watcher
+  // stuck in the store (a rendezvous file already removed by a failing job) is left behind after
+  // a short wait instead of holding up this process's exit.
+  struct Shared;
+  std::shared_ptr<Shared> shared_;
   std::vector<std::pair<int, struct sigaction>> previous_;
-  std::atomic<bool> known_{false};        // a request exists (this rank's or another's)
-  std::atomic<bool> published_{false};    // this rank wrote its request
-  std::atomic<bool> acknowledged_{false}; // this rank counted itself among those who know
-  std::atomic<int64_t> last_step_{0};     // the last step at_step saw
-  std::optional<StopRequest> local_;      // the request without a group
-  bool posted_ = false;                   // this rank posted the step where it knew
-  int64_t stop_after_ = -1;               // the agreed step, once every rank posted
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  bool quit_ = false;
-  std::thread watcher_;
+  bool posted_ = false;      // this rank posted the step where it knew
+  int64_t stop_after_ = -1;  // the agreed step, once every rank posted
 };
 
 }  // namespace distributed

@@ -27,7 +27,9 @@ struct Worker {
 ///   as long as the job (the main thread);
 /// - joins the job's process group (led by the first worker), so signals reach what the
 ///   workers start themselves. A worker that reads the terminal therefore stops (SIGTTIN).
-/// When one worker exits non-zero, the others get SIGTERM and, after the grace period, SIGKILL;
+/// When one worker exits non-zero, the others get SIGTERM, a second SIGTERM 0.5 s later (a
+/// Lockstep Trainer takes the first as a request to stop together), and, after the grace period,
+/// SIGKILL;
 /// every worker is reaped, and the job's exit code is the failed worker's. Polls with waitpid
 /// every 50 ms. Not thread-safe: use it from one thread at a time.
 /// ```
@@ -64,7 +66,8 @@ class Supervisor {
   /// running.
   std::optional<int> wait_for(std::chrono::milliseconds timeout);
 
-  /// SIGTERM to every running worker, SIGKILL after the grace period to those left, reaps all.
+  /// SIGTERM to every running worker (again 0.5 s later), SIGKILL after the grace period to those
+  /// left, reaps all.
   void terminate_all();
 
   /// Async-signal-safe: makes `wait()` forward `signal` to the workers, reap them (SIGKILL after

@@ -23,6 +23,7 @@ namespace {
 using detail::say;
 using Clock = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds kPollInterval(50);
+constexpr std::chrono::milliseconds kSecondTerm(500);
 
 int exit_code_of(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
@@ -230,11 +231,20 @@ void Supervisor::signal_workers(int signal) {
 void Supervisor::finish_running(bool escalate_on_interrupt) {
   if (running() == 0) return;
   signal_workers(SIGTERM);
+  // A Lockstep Trainer takes a first SIGTERM as a request to stop with the other ranks after its
+  // next step (distributed::AgreedStop), which a job that lost a worker never reaches; a second
+  // one ends it as SIGTERM ends other programs.
+  const auto second_at = Clock::now() + kSecondTerm;
+  bool second_sent = false;
   const auto kill_at = Clock::now() + grace_period_;
   const int interrupts = interrupt_count_.load();
   while (true) {
     reap(false);
     if (running() == 0) return;
+    if (!second_sent && Clock::now() >= second_at) {
+      signal_workers(SIGTERM);
+      second_sent = true;
+    }
     const bool again = escalate_on_interrupt && interrupt_count_.load() != interrupts;
     if (again || Clock::now() >= kill_at) break;
     std::this_thread::sleep_for(kPollInterval);
