@@ -2,9 +2,9 @@
 #include <lockstep/core/error.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <functional>
-#include <chrono>
 #include <iostream>
 #include <map>
 #include <sstream>
