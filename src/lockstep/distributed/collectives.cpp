@@ -51,12 +51,13 @@ void wait_for(const ProcessGroup& group, const c10::intrusive_ptr<c10d::Work>& w
       } catch (const std::exception&) {
         if (work->isCompleted()) throw;  // it failed, rather than went on
       }
-      std::cerr << "lockstep: " << group.describe() << ": still waiting in " << call_name(op, options) << " after "
-                << seconds(warn_after) << "; "
-                << (who_arrived ? who_arrived()
-                                : std::string("a rank has not arrived or is in another collective (run with "
-                                              "LOCKSTEP_DISTRIBUTED_DEBUG=detail to see which)"))
-                << "; it fails in " << seconds(timeout - warn_after) << ".\n";
+      // One write: ranks that are threads of one process must not interleave their lines.
+      std::cerr << "lockstep: " + group.describe() + ": still waiting in " + call_name(op, options) + " after " +
+                       seconds(warn_after) + "; " +
+                       (who_arrived ? who_arrived()
+                                    : std::string("a rank has not arrived or is in another collective (run with "
+                                                  "LOCKSTEP_DISTRIBUTED_DEBUG=detail to see which)")) +
+                       "; it fails in " + seconds(timeout - warn_after) + ".\n";
       work->wait(std::max(timeout - warn_after, std::chrono::milliseconds(1)));
       return;
     }
@@ -332,9 +333,9 @@ void barrier(ProcessGroup& group, const std::string& name, const CollectiveOptio
     return;
   } catch (const std::exception&) {
     if (std::chrono::steady_clock::now() - started >= warn_after * 9 / 10) {
-      std::cerr << "lockstep: " << group.describe() << ": still waiting in " << what << " after " << seconds(warn_after)
-                << ": rank(s) " << ranks_that(false) << " have not arrived (rank(s) " << ranks_that(true)
-                << " have); it fails in " << seconds(timeout - warn_after) << ".\n";
+      std::cerr << "lockstep: " + group.describe() + ": still waiting in " + what + " after " + seconds(warn_after) +
+                       ": rank(s) " + ranks_that(false) + " have not arrived (rank(s) " + ranks_that(true) +
+                       " have); it fails in " + seconds(timeout - warn_after) + ".\n";
     }
   }
   try {
