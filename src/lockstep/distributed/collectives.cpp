@@ -33,6 +33,20 @@ std::string seconds(std::chrono::milliseconds t) {
   return out.str();
 }
 
+// The ranks r whose key `prefix + r` is in the store (arrived), and those whose is not, each as
+// "0, 2" ("" for none): who reached a barrier or a checked collective.
+struct Arrivals {
+  std::string missing, arrived;
+};
+Arrivals arrivals(c10d::Store& store, const std::string& prefix, int world_size) {
+  Arrivals lists;
+  for (int r = 0; r < world_size; ++r) {
+    auto& list = store.check({prefix + std::to_string(r)}) ? lists.arrived : lists.missing;
+    list += (list.empty() ? "" : ", ") + std::to_string(r);
+  }
+  return lists;
+}
+
 // Waits for one c10d work item; a timeout or a dead peer becomes an error naming the call. Gloo's
 // wait can be resumed after a shorter one, so a quarter of the timeout in a line says what this
 // rank waits in and, where the call was checked (LOCKSTEP_DISTRIBUTED_DEBUG=detail), which ranks
@@ -123,13 +137,9 @@ void check_same_call(ProcessGroup& group, const std::string& call, const Collect
   const std::string arrived = "arrived/" + std::to_string(number) + "/";
   store.set(arrived + std::to_string(group.rank()), std::vector<uint8_t>(call.begin(), call.end()));
   const auto who_arrived = [&] {
-    std::string lists[2];  // not arrived, arrived
-    for (int r = 0; r < group.world_size(); ++r) {
-      auto& list = lists[store.check({arrived + std::to_string(r)}) ? 1 : 0];
-      list += (list.empty() ? "" : ", ") + std::to_string(r);
-    }
-    if (lists[0].empty()) return std::string("every rank arrived, and one may have died since");
-    return "rank(s) " + lists[0] + " have not arrived (rank(s) " + lists[1] + " have)";
+    const auto lists = arrivals(store, arrived, group.world_size());
+    if (lists.missing.empty()) return std::string("every rank arrived, and one may have died since");
+    return "rank(s) " + lists.missing + " have not arrived (rank(s) " + lists.arrived + " have)";
   };
   wait_for(group, group.backend()->allgather(out, in, go), "the check of collective #" + std::to_string(number) +
            " (" + call + ")", CollectiveOptions(options).tag(""), who_arrived);
@@ -317,10 +327,8 @@ void barrier(ProcessGroup& group, const std::string& name, const CollectiveOptio
   std::vector<std::string> keys;
   for (int r = 0; r < group.world_size(); ++r) keys.push_back(prefix + std::to_string(r));
   const auto ranks_that = [&](bool arrived) {
-    std::string ranks;
-    for (int r = 0; r < group.world_size(); ++r) {
-      if (store.check({keys[r]}) == arrived) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-    }
+    const auto lists = arrivals(store, prefix, group.world_size());
+    const std::string& ranks = arrived ? lists.arrived : lists.missing;
     return ranks.empty() ? std::string("?") : ranks;
   };
   const std::string what = "barrier '" + name + "' (#" + std::to_string(generation) + ")";
