@@ -144,8 +144,14 @@ int run(int argc, char** argv) {
   rss[group->rank()] = static_cast<double>(usage.ru_maxrss) / 1024.0;
   rss = distributed::all_reduce(*group, rss, distributed::ReduceOp::sum);
   const std::string transport = group->world_size() == 1             ? "none (one rank)"
-                                : ddp.why_not_shared_memory().empty() ? "shared memory"
+                                : ddp.why_not_shared_memory().empty() ? ddp.reducer().transport().name()
                                                                      : "gloo: " + ddp.why_not_shared_memory();
+  // Every rank's own account (they agree unless something is wrong).
+  std::vector<std::string> transports;
+  auto transport_bytes = torch::tensor(std::vector<uint8_t>(transport.begin(), transport.end()), torch::kUInt8);
+  for (const auto& part : distributed::all_gather(*group, transport_bytes)) {
+    transports.emplace_back(static_cast<const char*>(part.data_ptr()), static_cast<size_t>(part.numel()));
+  }
   if (group->rank() == 0) {
     std::cout << nlohmann::json{{"impl", "lockstep"},
                                 {"model", model},
@@ -157,6 +163,7 @@ int run(int argc, char** argv) {
                                 {"loss", loss.item<double>()},
                                 {"first_step_unix", first_step_unix},
                                 {"gradient_transport", transport},
+                                {"gradient_transport_by_rank", transports},
                                 {"peak_rss_mb", std::vector<double>(rss.data_ptr<double>(),
                                                                     rss.data_ptr<double>() + rss.numel())}}
                      .dump()

@@ -31,6 +31,7 @@
 #include <lockstep/distributed/ddp_options.h>
 #include <lockstep/distributed/process_group.h>
 #include <lockstep/distributed/join.h>
+#include <lockstep/distributed/network_route.h>
 #include <lockstep/distributed/rank_zero.h>
 #include <lockstep/data/sampler.h>
 #include <lockstep/distributed/separate_ddp.h>

@@ -6,6 +6,7 @@
 #include <lockstep/accelerators/device_parser.h>
 #include <lockstep/cli/trainer_flags.h>
 #include <lockstep/core/blas.h>
+#include <lockstep/distributed/network_route.h>
 #include <lockstep/environments/cluster_environment.h>
 #include <lockstep/trainer/connector.h>
 
@@ -14,6 +15,15 @@
 namespace lockstep {
 namespace tool {
 namespace {
+
+// The interface Gloo would bind to here, or why there is none.
+std::string gloo_interface_of(const std::string& main_address) {
+  try {
+    return distributed::gloo_interface(main_address).describe();
+  } catch (const distributed::DistributedError& e) {
+    return std::string("none: ") + e.what();
+  }
+}
 
 struct EnvArgs {
   bool json = false;
@@ -36,6 +46,7 @@ nlohmann::json describe(const EnvArgs& args) {
           {"node_rank", env.node_rank()},
           {"main_address", env.main_address()},
           {"main_port", env.main_port()},
+          {"gloo_interface", gloo_interface_of(env.main_address())},
           {"creates_processes_externally", env.creates_processes_externally()},
           {"accelerator", accelerators::to_string(plan.context.accelerator)},
           {"devices", plan.context.devices_per_node},

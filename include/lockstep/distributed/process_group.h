@@ -98,6 +98,13 @@ class ProcessGroup {
   /// "rank 1/4" (or "rank 1/2 of subgroup [2, 3]"), for messages.
   std::string describe() const;
 
+  /// For a collective that stalls: the members on other hosts that do not answer on the network
+  /// (hosts_answering, 1 s), as "ranks 2, 3 (10.0.0.2) do not answer on the network from here: a
+  /// cut link, a host gone, or a firewall dropping packets", or "" when every host answers, or
+  /// the group does not span hosts over Gloo. Gloo groups learn their members' addresses when
+  /// they are created.
+  std::string unreachable_members() const;
+
  private:
   ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<Backend> backend,
                int rank, int world_size, std::vector<int> global_ranks,
@@ -118,6 +125,8 @@ class ProcessGroup {
   bool checks_collectives_ = false;
   int64_t collectives_checked_ = 0;
   std::map<std::string, int64_t> barrier_generations_;
+  std::vector<std::string> host_addresses_;  // Gloo's address of each member, where the group spans hosts
+  int main_port_ = 0;
 };
 
 /// The backends this build can create: {"gloo"}, and "nccl" where LibTorch was built with NCCL

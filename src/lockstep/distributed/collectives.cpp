@@ -55,6 +55,7 @@ void wait_for(const ProcessGroup& group, const c10::intrusive_ptr<c10d::Work>& w
               const std::string& op, const CollectiveOptions& options,
               const std::function<std::string()>& who_arrived = nullptr) {
   const auto timeout = timeout_of(group, options);
+  std::string unreachable;  // hosts found not answering at the warning
   try {
     if (group.backend_name() == "gloo") {
       // Never 0 ms: c10d's wait takes 0 for "no timeout".
@@ -65,22 +66,27 @@ void wait_for(const ProcessGroup& group, const c10::intrusive_ptr<c10d::Work>& w
       } catch (const std::exception&) {
         if (work->isCompleted()) throw;  // it failed, rather than went on
       }
+      const auto warned_at = std::chrono::steady_clock::now();
+      unreachable = group.unreachable_members();
       // One write: ranks that are threads of one process must not interleave their lines.
       std::cerr << "lockstep: " + group.describe() + ": still waiting in " + call_name(op, options) + " after " +
                        seconds(warn_after) + "; " +
-                       (who_arrived ? who_arrived()
-                                    : std::string("a rank has not arrived or is in another collective (run with "
-                                                  "LOCKSTEP_DISTRIBUTED_DEBUG=detail to see which)")) +
+                       (!unreachable.empty() ? unreachable
+                        : who_arrived        ? who_arrived()
+                                             : std::string("a rank has not arrived or is in another collective (run "
+                                                           "with LOCKSTEP_DISTRIBUTED_DEBUG=detail to see which)")) +
                        "; it fails in " + seconds(timeout - warn_after) + ".\n";
-      work->wait(std::max(timeout - warn_after, std::chrono::milliseconds(1)));
+      const auto probed = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - warned_at);
+      work->wait(std::max(timeout - warn_after - probed, std::chrono::milliseconds(1)));
       return;
     }
     work->wait(timeout);
   } catch (const std::exception& e) {
-    throw DistributedError(group.describe() + ": " + call_name(op, options) +
-                           " did not complete (timeout " + seconds(timeout) + "): " + message_of(e) +
-                           "\nEvery rank must make the same collective calls in the same order; "
-                           "check the other ranks' output for an earlier error.");
+    const std::string why = unreachable.empty() ? "Every rank must make the same collective calls in the same order; "
+                                                  "check the other ranks' output for an earlier error."
+                                                : "Unreachable: " + unreachable + ".";
+    throw DistributedError(group.describe() + ": " + call_name(op, options) + " did not complete (timeout " +
+                           seconds(timeout) + "): " + message_of(e) + "\n" + why);
   }
 }
 

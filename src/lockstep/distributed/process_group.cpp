@@ -4,6 +4,7 @@
 #include <cctype>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <sstream>
 
@@ -17,6 +18,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <lockstep/core/error.h>
+#include <lockstep/distributed/network_route.h>
 
 namespace lockstep {
 namespace distributed {
@@ -59,23 +61,6 @@ void validate(const ProcessGroupOptions& o) {
   }
 }
 
-bool is_loopback(const std::string& address) {
-  return address == "localhost" || address.rfind("127.", 0) == 0 || address == "::1";
-}
-
-// Gloo binds to one interface: GLOO_SOCKET_IFNAME as in PyTorch, loopback for single-node jobs
-// addressed through 127.0.0.1 (a hostname that resolves oddly must not break a laptop run),
-// otherwise the address this host's name resolves to.
-std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& main_address) {
-  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
-    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
-  }
-  if (is_loopback(main_address)) {
-    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
-  }
-  return c10d::ProcessGroupGloo::createDefaultDevice();
-}
-
 // A peer that went away must be an error that names it, not a silent death: Gloo writes to its
 // sockets without MSG_NOSIGNAL, and SIGPIPE's default action ends the process (a 4-rank timeout
 // test died so in CI). Python ignores SIGPIPE at start-up, which is why PyTorch's
@@ -90,8 +75,9 @@ void ignore_broken_pipes() {
 
 // The backend called `name` (one of available_backends()); `device` becomes where its collectives
 // need their tensors. NCCL's is the CUDA device cuda_device (>= 0), made current, or the current one.
+// Gloo binds to `interface`.
 c10::intrusive_ptr<Backend> create_backend(const std::string& name, const c10::intrusive_ptr<c10d::Store>& store,
-                                           int rank, int size, const std::string& address,
+                                           int rank, int size, const GlooInterface& interface,
                                            std::chrono::milliseconds timeout, int cuda_device, c10::Device& device) {
   ignore_broken_pipes();
   device = c10::Device(c10::kCPU);
@@ -107,7 +93,7 @@ c10::intrusive_ptr<Backend> create_backend(const std::string& name, const c10::i
   (void)cuda_device;
 #endif
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-  options->devices.push_back(gloo_device(address));
+  options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(interface.address));
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
 }
 
@@ -115,20 +101,31 @@ c10::intrusive_ptr<Backend> create_backend(const std::string& name, const c10::i
 // synchronisation point: a rank that finishes connecting first and drops its group at once closes
 // pairs a peer is still handshaking on ("Connection closed by peer", pytorch/pytorch#61396; about
 // 1 run in 100 of a 4-rank subgroup test here). `who` names the rank in errors.
+// `gloo_address` receives the address Gloo binds to.
 c10::intrusive_ptr<Backend> make_backend(const std::string& name, const c10::intrusive_ptr<c10d::Store>& store,
                                          int rank, int size, const std::string& address,
                                          std::chrono::milliseconds timeout, int cuda_device, c10::Device& device,
-                                         const std::string& who) {
+                                         const std::string& who, std::string* gloo_address = nullptr) {
+  GlooInterface interface;
+  if (name == "gloo") {
+    try {
+      interface = gloo_interface(address);
+    } catch (const DistributedError& e) {
+      throw DistributedError(who + ": " + e.what());
+    }
+  }
   const auto started = std::chrono::steady_clock::now();
   c10::intrusive_ptr<Backend> backend;
   try {
-    backend = create_backend(name, store, rank, size, address, timeout, cuda_device, device);
+    backend = create_backend(name, store, rank, size, interface, timeout, cuda_device, device);
   } catch (const std::exception& e) {
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
     const std::string how = waited >= timeout ? "timed out after " + seconds(timeout) : "failed after " + seconds(waited);
     const std::string fix = name == "nccl" ? " NCCL needs a CUDA GPU for every rank of this machine; without one "
                                              "use --process-group-backend gloo."
-                                           : " Every rank must start; check the other ranks' output.";
+                                           : " Every rank must start; check the other ranks' output. Gloo here uses " +
+                                                 interface.describe() + "; if the hosts connect through another "
+                                                 "interface, set GLOO_SOCKET_IFNAME to it.";
     throw DistributedError(who + ": creating the " + name + " process group " + how + " (" + message_of(e) + ")." + fix);
   }
   try {
@@ -144,7 +141,29 @@ c10::intrusive_ptr<Backend> make_backend(const std::string& name, const c10::int
     throw DistributedError(who + ": " + arrived + " " + std::to_string(size) + " ranks finished connecting within " +
                            seconds(timeout) + " (" + message_of(e) + "). Every rank must start; check the other ranks' output.");
   }
+  if (gloo_address != nullptr) *gloo_address = interface.address;
   return backend;
+}
+
+// Every rank's Gloo address, in rank order (one allgather of 64 bytes each), so that a rank whose
+// collective stalls can say which hosts stopped answering. Ranks bound to loopback are on one host.
+std::vector<std::string> exchange_addresses(Backend& backend, const std::string& mine, int size,
+                                            std::chrono::milliseconds timeout, const std::string& who) {
+  if (mine.rfind("127.", 0) == 0 || mine == "::1" || size < 2) return std::vector<std::string>(size, mine);
+  constexpr int64_t kBytes = 64;  // an IPv6 address has at most 45 characters
+  std::vector<at::Tensor> input{at::zeros({kBytes}, at::kByte)};
+  std::memcpy(input[0].data_ptr(), mine.data(), std::min<size_t>(mine.size(), kBytes - 1));
+  std::vector<std::vector<at::Tensor>> output(1);
+  for (int r = 0; r < size; ++r) output[0].push_back(at::zeros({kBytes}, at::kByte));
+  try {
+    backend.allgather(output, input)->wait(timeout);
+  } catch (const std::exception& e) {
+    throw DistributedError(who + ": exchanging the ranks' addresses did not complete (timeout " + seconds(timeout) +
+                           "): " + message_of(e) + ". Check the other ranks' output.");
+  }
+  std::vector<std::string> addresses;
+  for (const auto& t : output[0]) addresses.emplace_back(static_cast<const char*>(t.data_ptr()));
+  return addresses;
 }
 
 // LOCKSTEP_DISTRIBUTED_DEBUG: off (or unset) or detail, as TORCH_DISTRIBUTED_DEBUG spells them.
@@ -252,9 +271,10 @@ std::shared_ptr<ProcessGroup> ProcessGroup::init_with_store(const c10::intrusive
   store->setTimeout(options.timeout());
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("lockstep/world", store);
   c10::Device device(c10::kCPU);
+  const std::string who = "rank " + std::to_string(options.rank()) + "/" + std::to_string(options.world_size());
+  std::string gloo_address;
   auto backend = make_backend(options.backend(), prefixed, options.rank(), options.world_size(), options.main_address(),
-                              options.timeout(), options.cuda_device(), device,
-                              "rank " + std::to_string(options.rank()) + "/" + std::to_string(options.world_size()));
+                              options.timeout(), options.cuda_device(), device, who, &gloo_address);
   std::vector<int> ranks(options.world_size());
   for (int r = 0; r < options.world_size(); ++r) ranks[r] = r;
   auto group = std::shared_ptr<ProcessGroup>(new ProcessGroup(prefixed, backend, options.rank(),
@@ -262,6 +282,10 @@ std::shared_ptr<ProcessGroup> ProcessGroup::init_with_store(const c10::intrusive
                                                               options.timeout(), options.backend(), device,
                                                               options.main_address(), false));
   group->checks_collectives_ = checks_collectives;
+  group->main_port_ = options.main_port();
+  if (!gloo_address.empty()) {
+    group->host_addresses_ = exchange_addresses(*backend, gloo_address, options.world_size(), options.timeout(), who);
+  }
   return group;
 }
 
@@ -284,10 +308,39 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_subgroup(const std::vector<int>&
                                                               std::move(members), timeout_, backend_name_,
                                                               device_, main_address_, true));
   group->checks_collectives_ = checks_collectives_;
+  group->main_port_ = main_port_;
+  for (int r : ranks) {
+    if (!host_addresses_.empty()) group->host_addresses_.push_back(host_addresses_[r]);
+  }
   c10::Device device(c10::kCPU);
   group->backend_ = make_backend(backend_name_, prefixed, sub_rank, group->world_size_, main_address_, timeout_,
                                  device_.is_cuda() ? device_.index() : -1, device, group->describe());
   return group;
+}
+
+std::string ProcessGroup::unreachable_members() const {
+  if (host_addresses_.empty()) return "";
+  const std::string& mine = host_addresses_[rank_];
+  std::vector<std::string> others;  // each other host once
+  for (const auto& a : host_addresses_) {
+    if (a != mine && std::find(others.begin(), others.end(), a) == others.end()) others.push_back(a);
+  }
+  if (others.empty()) return "";
+  const auto answers = hosts_answering(others, main_port_, std::chrono::seconds(1));
+  std::string ranks, hosts;
+  int count = 0;
+  for (size_t h = 0; h < others.size(); ++h) {
+    if (answers[h]) continue;
+    hosts += (hosts.empty() ? "" : ", ") + others[h];
+    for (int r = 0; r < world_size_; ++r) {
+      if (host_addresses_[r] != others[h]) continue;
+      ranks += (ranks.empty() ? "" : ", ") + std::to_string(global_ranks_[r]);
+      ++count;
+    }
+  }
+  if (count == 0) return "";
+  return (count > 1 ? "ranks " : "rank ") + ranks + " (" + hosts + ") " + (count > 1 ? "do" : "does") +
+         " not answer on the network from here: a cut link, a host gone, or a firewall dropping packets";
 }
 
 std::string ProcessGroup::describe() const {

@@ -415,8 +415,11 @@ void Reducer::finalize_backward() {
     try {
       reduced = bucket.future->wait(group_.timeout());
     } catch (const std::exception& e) {
-      fail(group_.describe() + ": allreduce of " + bucket_name(b) + " did not complete: " + message_of(e) +
-           "\nEvery rank must run the same synchronised backward passes; check the other ranks' output for an earlier error.");
+      const auto unreachable = group_.unreachable_members();
+      fail(group_.describe() + ": allreduce of " + bucket_name(b) + " did not complete: " + message_of(e) + "\n" +
+           (unreachable.empty() ? "Every rank must run the same synchronised backward passes; check the other ranks' "
+                                  "output for an earlier error."
+                                : "Unreachable: " + unreachable + "."));
     }
     bucket.future.reset();
     if (reduced.defined() && !is_view_of(reduced, bucket.buffer)) {

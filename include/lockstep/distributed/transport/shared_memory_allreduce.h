@@ -57,6 +57,9 @@ class SharedMemoryAllreduce {
   c10::intrusive_ptr<c10::ivalue::Future> allreduce(int64_t offset, at::Tensor tensor, double divisor);
 
   int64_t bytes_per_rank() const;
+  /// How buckets travel: "shared memory" on one host; with several, "shared memory within each
+  /// host, gloo across 2 hosts".
+  std::string describe() const;
 
   /// Marks this rank as gone from the reduction (also done by the destructor): peers waiting for
   /// it fail at once, naming it, instead of waiting out the timeout. Its own later calls fail.

@@ -14,7 +14,7 @@ namespace distributed {
 class SharedMemoryTransport : public GradientTransport {
  public:
   explicit SharedMemoryTransport(std::shared_ptr<SharedMemoryAllreduce> memory) : memory_(std::move(memory)) {}
-  std::string name() const override { return "shared memory"; }
+  std::string name() const override { return memory_->describe(); }
   /// Buckets back to back in this rank's slot, each starting on a cache line.
   at::Tensor allocate(size_t bucket, int64_t numel, const at::TensorOptions& options) override;
   BucketFuture allreduce_mean(size_t bucket, const at::Tensor& buffer, double divisor) override;

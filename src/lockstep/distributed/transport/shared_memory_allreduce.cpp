@@ -147,6 +147,12 @@ void SharedMemoryAllreduce::leave() {
 
 int64_t SharedMemoryAllreduce::bytes_per_rank() const { return segment_->memory->slot_bytes(); }
 
+std::string SharedMemoryAllreduce::describe() const {
+  if (!across_) return "shared memory";
+  return "shared memory within each host, " + across_->backend_name() + " across " +
+         std::to_string(across_->world_size()) + " hosts";
+}
+
 at::Tensor SharedMemoryAllreduce::region(int64_t offset, int64_t numel, const at::TensorOptions& options) {
   const int64_t bytes = numel * static_cast<int64_t>(options.dtype().itemsize());
   if (offset % 64 != 0 || offset < 0 || offset + bytes > segment_->memory->slot_bytes()) {
@@ -228,7 +234,9 @@ void SharedMemoryAllreduce::reduce(const Job& job) {
     try {
       across_->backend()->allreduce(part, options)->wait(timeout_);
     } catch (const std::exception& e) {
-      fail_all(std::string("the sum across hosts (") + across_->describe() + ") failed: " + message_of(e));
+      const auto unreachable = across_->unreachable_members();
+      fail_all(std::string("the sum across hosts (") + across_->describe() + ") failed: " + message_of(e) +
+               (unreachable.empty() ? "" : ". Unreachable: " + unreachable));
     }
     part[0].div_(job.divisor);
     for (int r = 0; r < local_size_; ++r) {

@@ -90,6 +90,7 @@ TEST_P(SharedMemoryHosts, SumWithinEachHostThenAcrossHosts) {
     std::string why;
     auto shared = SharedMemoryAllreduce::connect(g, 1 << 20, "", &why, hosts[g.rank()]);
     ASSERT_TRUE(shared) << why;
+    EXPECT_EQ(shared->describe(), "shared memory within each host, gloo across 2 hosts");
     for (int64_t n : {1, 1000, 65537}) {
       std::vector<std::string> order;  // hosts in order of their first rank
       for (const auto& h : hosts) {
