@@ -228,5 +228,20 @@ TEST_F(Hosts, ASlowLinkTrainsToTheSameBits) {
   EXPECT_EQ(max_diff(b[0], b[3]), 0.0);
 }
 
+// Nodes that start different numbers of processes (2 + 1) are refused at once on every node,
+// with the reason, not after the collective timeout (bench_ddp's is 300 s).
+TEST_F(Hosts, UnevenNodesAreRefusedAtOnceWithTheReason) {
+  make_nodes(2);
+  const auto results = launch({2, 1}, {bin + "/bench_ddp", "--model", "small", "--steps", "1", "--warmup", "1"}, {},
+                              std::chrono::seconds(60));
+  const std::string why = "rank 1 was started for a job of 2 processes, but rank 0 at " + address(0) + ":";
+  for (const auto& r : results) {
+    EXPECT_NE(r.exit_code, 0) << all_output(results);
+    EXPECT_NE(r.err.find(why), std::string::npos) << all_output(results);
+    EXPECT_NE(r.err.find("leads a job of 4. Every node must start the same number of processes"), std::string::npos)
+        << all_output(results);
+  }
+}
+
 }  // namespace
 }  // namespace lockstep

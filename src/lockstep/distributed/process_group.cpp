@@ -177,6 +177,57 @@ bool detail_from_environment() {
                    " is not known: use detail (compare every collective across ranks) or off.");
 }
 
+std::string text_of(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
+std::vector<uint8_t> bytes_of(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
+
+// Waits until all ranks of the job rank 0 leads have joined its store. A rank started for a job
+// of another size (nodes started with different --nproc-per-node) is refused, and says so in the
+// store, so that every rank stops at once with the reason instead of waiting out the timeout.
+void join_world(c10d::Store& store, const ProcessGroupOptions& o, const std::string& endpoint) {
+  const std::string who = "rank " + std::to_string(o.rank()) + "/" + std::to_string(o.world_size());
+  const std::string fix = " Every node must start the same number of processes (lockstep launch --nproc-per-node, "
+                          "torchrun --nproc-per-node, srun --ntasks-per-node) and give the same node count.";
+  const auto started = std::chrono::steady_clock::now();
+  try {
+    if (o.rank() == 0) store.set("lockstep/join/world_size", bytes_of(std::to_string(o.world_size())));
+    const std::string leader = text_of(store.get("lockstep/join/world_size"));
+    if (leader != std::to_string(o.world_size()) || o.rank() >= std::stoi(leader)) {
+      const std::string why = "rank " + std::to_string(o.rank()) + " was started for a job of " +
+                              std::to_string(o.world_size()) + " processes, but rank 0 at " + endpoint +
+                              " leads a job of " + leader + ".";
+      store.set("lockstep/join/refused", bytes_of(why));
+      throw DistributedError(who + ": " + why + fix);
+    }
+    if (store.add("lockstep/join/joined", 1) == o.world_size()) store.set("lockstep/join/all", bytes_of("1"));
+    for (;;) {
+      try {
+        store.wait({"lockstep/join/all"}, std::chrono::milliseconds(250));
+        return;
+      } catch (const DistributedError&) {
+        throw;
+      } catch (const std::exception&) {
+        // not yet: a refusal, or the timeout, ends the wait
+      }
+      if (store.check({"lockstep/join/refused"})) {
+        throw DistributedError(who + ": " + text_of(store.get("lockstep/join/refused")) + fix);
+      }
+      if (std::chrono::steady_clock::now() - started > o.timeout()) {
+        throw DistributedError(who + ": rendezvous at " + endpoint + " timed out after " + seconds(o.timeout()) +
+                               " (only " + std::to_string(store.add("lockstep/join/joined", 0)) + " of " +
+                               std::to_string(o.world_size()) + " ranks joined). Check that every rank was started "
+                               "with the same MASTER_ADDR/MASTER_PORT and that rank 0 is running.");
+      }
+    }
+  } catch (const DistributedError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw DistributedError(who + ": rendezvous at " + endpoint + " failed after " +
+                           seconds(std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::steady_clock::now() - started)) +
+                           " (" + message_of(e) + "). Check that rank 0 is running.");
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> available_backends() {
@@ -225,9 +276,9 @@ std::shared_ptr<ProcessGroup> ProcessGroup::init(const ProcessGroupOptions& opti
   store_options.timeout = options.timeout();
   // Under torchrun's agent every rank is a client of the agent's store, which stays up for the
   // whole job: nobody waits for workers, and nothing is written outside this attempt's prefix.
+  // Otherwise join_world, not the store, waits for the ranks: it also refuses ranks of another size.
   store_options.isServer = options.rank() == 0 && !options.use_agent_store();
-  store_options.waitWorkers = !options.use_agent_store();
-  if (!options.use_agent_store()) store_options.numWorkers = options.world_size();
+  store_options.waitWorkers = false;
   const std::string endpoint = options.main_address() + ":" + std::to_string(options.main_port());
   c10::intrusive_ptr<c10d::Store> store;
   const auto started = std::chrono::steady_clock::now();
@@ -260,6 +311,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::init(const ProcessGroupOptions& opti
   if (options.use_agent_store()) {
     store = c10::make_intrusive<c10d::PrefixStore>(
         "/worker/attempt_" + std::to_string(options.restart_count()), store);
+  } else {
+    join_world(*store, options, endpoint);
   }
   return init_with_store(store, options);
 }
