@@ -160,6 +160,27 @@ TEST_F(Hosts, GradientsCrossHostsOverGlooAndStayInSharedMemoryWithin) {
   EXPECT_NEAR(report["loss"].get<double>(), local_report["loss"].get<double>(), 1e-6);
 }
 
+// Open MPI starts the same 2 x 2 job across the nodes (its remote shell is `nodes rsh`, where a
+// cluster has ssh): Lockstep reads the ranks from Open MPI and trains to the same bits.
+TEST_F(Hosts, MpirunAcrossTheNodesTrainsAsLockstepLaunchDoes) {
+  make_nodes(2);
+  const std::vector<std::string> bench{bin + "/bench_ddp", "--model", "small", "--steps", "3", "--warmup", "1"};
+  const auto launched = launch({2, 2}, bench);
+  for (const auto& r : launched) ASSERT_EQ(r.exit_code, 0) << all_output(launched);
+  std::vector<std::string> argv{nodes_script, "run", name_, "0", "mpirun", "--allow-run-as-root", "--oversubscribe",
+                                "--host", "node0:2,node1:2", "-np", "4",
+                                "--mca", "plm_rsh_agent", nodes_script + " rsh " + name_,
+                                "--mca", "oob_tcp_if_include", "eth0",
+                                "-x", "MASTER_ADDR=" + address(0), "-x", "MASTER_PORT=29500", "-x", "OMP_NUM_THREADS=1"};
+  argv.insert(argv.end(), bench.begin(), bench.end());
+  const auto mpi = testing::run_command(argv, environment(), std::chrono::seconds(120));
+  ASSERT_EQ(mpi.exit_code, 0) << mpi.out << mpi.err;
+  const auto a = nlohmann::json::parse(launched[0].out_lines().back()), b = nlohmann::json::parse(mpi.out_lines().back());
+  EXPECT_EQ(b["world_size"], 4);
+  EXPECT_EQ(b["gradient_transport_by_rank"], a["gradient_transport_by_rank"]) << b.dump();
+  EXPECT_EQ(b["loss"], a["loss"]) << "mpirun's job and lockstep launch's differ";
+}
+
 // `lockstep env` on a node names the interface Gloo takes, and why.
 TEST_F(Hosts, EnvNamesTheInterfaceThatRoutesToTheMainAddress) {
   make_nodes(2);

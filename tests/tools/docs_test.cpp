@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -152,6 +153,23 @@ TEST(DocsCompile, ABrokenBlockFailsTheBuildNamingIt) {
   EXPECT_NE(result.exit_code, 0) << "a broken block built";
   EXPECT_NE((result.out + result.err).find(broken.name + ".cpp"), std::string::npos) << result.out << result.err;
   EXPECT_NE((result.out + result.err).find("no_such_function"), std::string::npos) << result.out << result.err;
+}
+
+// docs/launching.md points each recipe at the test that runs it: every `Suite.Name` it names is a
+// test of tests/ (TEST, TEST_F or TEST_P), so that the pointer cannot go stale.
+TEST(DocsLaunching, EveryRecipeNamesATestThatExists) {
+  std::string sources;
+  for (const auto& entry : fs::recursive_directory_iterator(source_dir / "tests")) {
+    if (entry.path().extension() == ".cpp") sources += testing::slurp(entry.path().string());
+  }
+  const std::string doc = testing::slurp((source_dir / "docs/launching.md").string());
+  const std::regex named("`([A-Z][A-Za-z]+)\\.([A-Z][A-Za-z]+)`");
+  int checked = 0;
+  for (std::sregex_iterator it(doc.begin(), doc.end(), named), end; it != end; ++it, ++checked) {
+    const std::regex test("TEST(_F|_P)?\\(" + (*it)[1].str() + ", " + (*it)[2].str() + "\\)");
+    EXPECT_TRUE(std::regex_search(sources, test)) << (*it)[0] << " is named in docs/launching.md but is no test";
+  }
+  EXPECT_GE(checked, 8) << "a test for each recipe";
 }
 
 // scripts/demo writes its runs under demo_runs/ in the checkout: git ignores them, so the demo

@@ -181,8 +181,9 @@ std::string text_of(const std::vector<uint8_t>& bytes) { return std::string(byte
 std::vector<uint8_t> bytes_of(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
 
 // Waits until all ranks of the job rank 0 leads have joined its store. A rank started for a job
-// of another size (nodes started with different --nproc-per-node) is refused, and says so in the
-// store, so that every rank stops at once with the reason instead of waiting out the timeout.
+// of another size (nodes started with different --nproc-per-node) is refused and ends the wait of
+// every rank with the reason, instead of leaving them to wait out the timeout. One blocking wait
+// (a TCPStore wait that times out leaves its answer on the connection, so it is never sliced).
 void join_world(c10d::Store& store, const ProcessGroupOptions& o, const std::string& endpoint) {
   const std::string who = "rank " + std::to_string(o.rank()) + "/" + std::to_string(o.world_size());
   const std::string fix = " Every node must start the same number of processes (lockstep launch --nproc-per-node, "
@@ -191,32 +192,25 @@ void join_world(c10d::Store& store, const ProcessGroupOptions& o, const std::str
   try {
     if (o.rank() == 0) store.set("lockstep/join/world_size", bytes_of(std::to_string(o.world_size())));
     const std::string leader = text_of(store.get("lockstep/join/world_size"));
-    if (leader != std::to_string(o.world_size()) || o.rank() >= std::stoi(leader)) {
+    if (leader != std::to_string(o.world_size())) {
       const std::string why = "rank " + std::to_string(o.rank()) + " was started for a job of " +
                               std::to_string(o.world_size()) + " processes, but rank 0 at " + endpoint +
                               " leads a job of " + leader + ".";
       store.set("lockstep/join/refused", bytes_of(why));
+      store.set("lockstep/join/done", bytes_of("refused"));
       throw DistributedError(who + ": " + why + fix);
     }
-    if (store.add("lockstep/join/joined", 1) == o.world_size()) store.set("lockstep/join/all", bytes_of("1"));
-    for (;;) {
-      try {
-        store.wait({"lockstep/join/all"}, std::chrono::milliseconds(250));
-        return;
-      } catch (const DistributedError&) {
-        throw;
-      } catch (const std::exception&) {
-        // not yet: a refusal, or the timeout, ends the wait
-      }
-      if (store.check({"lockstep/join/refused"})) {
-        throw DistributedError(who + ": " + text_of(store.get("lockstep/join/refused")) + fix);
-      }
-      if (std::chrono::steady_clock::now() - started > o.timeout()) {
-        throw DistributedError(who + ": rendezvous at " + endpoint + " timed out after " + seconds(o.timeout()) +
-                               " (only " + std::to_string(store.add("lockstep/join/joined", 0)) + " of " +
-                               std::to_string(o.world_size()) + " ranks joined). Check that every rank was started "
-                               "with the same MASTER_ADDR/MASTER_PORT and that rank 0 is running.");
-      }
+    if (store.add("lockstep/join/joined", 1) == o.world_size()) store.set("lockstep/join/done", bytes_of("joined"));
+    try {
+      store.wait({"lockstep/join/done"}, o.timeout());
+    } catch (const std::exception& e) {
+      throw DistributedError(who + ": rendezvous at " + endpoint + " timed out after " + seconds(o.timeout()) +
+                             " (only " + std::to_string(store.add("lockstep/join/joined", 0)) + " of " +
+                             std::to_string(o.world_size()) + " ranks joined). Check that every rank was started "
+                             "with the same MASTER_ADDR/MASTER_PORT and that rank 0 is running.");
+    }
+    if (text_of(store.get("lockstep/join/done")) == "refused") {
+      throw DistributedError(who + ": " + text_of(store.get("lockstep/join/refused")) + fix);
     }
   } catch (const DistributedError&) {
     throw;
