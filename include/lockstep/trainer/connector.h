@@ -21,6 +21,9 @@ struct ExecutionPlan {
   strategies::StrategyContext context;
   Precision precision;  ///< chosen once from --precision
   std::shared_ptr<strategies::Strategy> strategy;
+  /// The strategy's launcher started this node's processes from here (self-launch): set by
+  /// launch() in rank 0 and in forked ranks.
+  bool self_launched = false;
 };
 
 /// Resolves the plan in order: environment, accelerator, devices, the scheduler's consistency,

@@ -184,6 +184,7 @@ ExecutionPlan launch(ExecutionPlan plan) {
     // Returns in rank 0 and in forked ranks with their placement; re-executed ranks run main()
     // again and find theirs in the environment, where resolve_plan read it.
     if (const auto placement = launcher->launch()) plan = launched_plan(std::move(plan), *placement);
+    plan.self_launched = true;
   }
   plan.strategy->setup_environment();
   distributed::set_global_rank(plan.strategy->global_rank());

@@ -50,13 +50,20 @@ void Trainer::end_stopped_fit(const distributed::StopRequest& request) {
                         "rate, clip gradients (--gradient-clip-val), check the data, or find the operation that made "
                         "it with --detect-anomaly true.");
   }
-  // Loggers and the requeue first: once the checkpoint's barrier is passed the other ranks exit,
-  // and under self-launch their exit ends this process at once.
   for (auto& logger : loggers_) logger->finalize("interrupted");
-  const std::string requeued = plan_.strategy->is_global_zero() ? requeue_under_slurm(request.signal) : "";
-  if (!requeued.empty()) std::cerr << "lockstep:" << requeued << "\n";
+  std::string requeued;
+  const auto requeue = [&] {
+    requeued = plan_.strategy->is_global_zero() ? requeue_under_slurm(request.signal) : "";
+    if (!requeued.empty()) std::cerr << "lockstep:" + requeued + "\n";
+  };
+  // Under srun the checkpoint comes first, as in Lightning: a requeue makes SLURM SIGTERM the tasks
+  // within milliseconds (10-20 ms on the live test's cluster), and that second signal ends a process
+  // at once. Under self-launch the requeue comes first: once the checkpoint's barrier is passed the
+  // other ranks exit, and their exit ends this process at once.
+  if (plan_.self_launched) requeue();
   const std::string path = (std::filesystem::path(log_dir_) / "checkpoints" / "last.ckpt").string();
   save_checkpoint(path);  // every rank takes part; rank 0 writes, atomically
+  if (!plan_.self_launched) requeue();
   throw StoppedBySignal(request.reason + ": every rank stopped " + where + " and saved " + path +
                             ". Continue with --ckpt-path last." + requeued,
                         request.signal);
