@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "support/temp_dir.h"
+#include "support/paths.h"
 
 namespace lockstep {
 namespace {

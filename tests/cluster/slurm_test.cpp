@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 
 #include "../support/command.h"
+#include "../support/paths.h"
 
 namespace lockstep {
 namespace {

@@ -18,6 +18,7 @@
 #include "../support/command.h"
 #include "../support/temp_dir.h"
 #include "../unit/launchers/process_support.h"
+#include "../support/paths.h"
 
 namespace lockstep {
 namespace {

@@ -19,6 +19,7 @@
 #include "../../support/command.h"
 
 #include "../../support/temp_dir.h"
+#include "../../support/paths.h"
 
 namespace lockstep {
 namespace checkpoint {
@@ -409,7 +410,7 @@ torch.save({"weights": torch.ones(2)}, sys.argv[3])
 )";
 
 TEST(CheckpointIOTest, PythonTorchLoadReadsTheCheckpoint) {
-  if (!fs::exists(LOCKSTEP_TEST_PYTHON)) GTEST_SKIP() << LOCKSTEP_TEST_PYTHON " is not installed";
+  if (!fs::exists(LOCKSTEP_TEST_PYTHON)) GTEST_SKIP() << LOCKSTEP_TEST_PYTHON << " is not installed";
   torch::manual_seed(42);
   Mlp model;
   torch::optim::Adam adam(model.parameters(), torch::optim::AdamOptions(0.002));
@@ -436,7 +437,7 @@ TEST(CheckpointIOTest, PythonTorchLoadReadsTheCheckpoint) {
                                             dir / "python.pt"},
                                            {{"OMP_NUM_THREADS", "1"}, {"HOME", dir.path()}}, std::chrono::seconds(60));
   if (result.err.find("No module named 'torch'") != std::string::npos) {
-    GTEST_SKIP() << LOCKSTEP_TEST_PYTHON " has no torch (apt-get install python3-torch)";
+    GTEST_SKIP() << LOCKSTEP_TEST_PYTHON << " has no torch (apt-get install python3-torch)";
   }
   ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
   std::map<std::string, std::string> lines;

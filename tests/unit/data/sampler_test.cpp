@@ -8,6 +8,7 @@
 #include <lockstep/core/error.h>
 
 #include "../../support/command.h"
+#include "../../support/paths.h"
 
 namespace lockstep {
 namespace distributed {
@@ -51,7 +52,7 @@ std::string ours(const Case& c) {
 }
 
 TEST(DistributedSampler, SameIndicesAsPyTorch) {
-  if (!std::filesystem::exists(LOCKSTEP_TEST_PYTHON)) GTEST_SKIP() << "no " LOCKSTEP_TEST_PYTHON " with torch";
+  if (!std::filesystem::exists(LOCKSTEP_TEST_PYTHON)) GTEST_SKIP() << "no " << LOCKSTEP_TEST_PYTHON << " with torch";
   const std::vector<Case> cases = {
       {10, 3, true, false, 7, 2},  {10, 3, true, true, 7, 2},   {10, 3, false, false, 0, 0},
       {2, 4, true, false, 1, 0},   {60000, 2, true, false, 42, 5}, {13, 2, false, true, 0, 1},

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include "../../support/paths.h"
 
 using namespace lockstep::environments;
 using lockstep::testing::contains;

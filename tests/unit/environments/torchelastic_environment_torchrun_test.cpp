@@ -21,6 +21,7 @@
 
 #include "../../support/command.h"
 #include "../../support/temp_dir.h"
+#include "../../support/paths.h"
 
 namespace lockstep {
 namespace {

@@ -15,6 +15,7 @@
 #include "../../support/command.h"
 #include "../../support/regression.h"
 #include "../../support/temp_dir.h"
+#include "../../support/paths.h"
 
 namespace lockstep {
 namespace {
@@ -272,7 +273,7 @@ TEST(Fabric, SaveAndLoadRoundTrip) {
 }
 
 TEST(Fabric, PythonTorchLoadReadsTheSavedFile) {
-  if (!std::filesystem::exists(LOCKSTEP_TEST_PYTHON)) GTEST_SKIP() << LOCKSTEP_TEST_PYTHON " is not installed";
+  if (!std::filesystem::exists(LOCKSTEP_TEST_PYTHON)) GTEST_SKIP() << LOCKSTEP_TEST_PYTHON << " is not installed";
   testing::TempDir dir("lockstep_fabric_python");
   auto net = seeded_net();
   Fabric fabric(one_process());

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "../../support/temp_dir.h"
+#include "../../support/paths.h"
 
 extern char** environ;
 

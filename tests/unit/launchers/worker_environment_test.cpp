@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "process_support.h"
+#include "../../support/paths.h"
 
 namespace lockstep {
 namespace launchers {
@@ -180,7 +181,7 @@ bool python_has_torch() {
 // see the same variable names, and the same values except for the run's identity.
 TEST(launch_worker_environment_torchrun, SameVariablesAsRealTorchrun) {
   if (!exists(LOCKSTEP_TEST_PYTHON) || !python_has_torch()) {
-    GTEST_SKIP() << LOCKSTEP_TEST_PYTHON " has no torch: cannot compare with the real torchrun";
+    GTEST_SKIP() << LOCKSTEP_TEST_PYTHON << " has no torch: cannot compare with the real torchrun";
   }
   TempDir torchrun_dir, ours_dir;
   const int port = find_free_port();

@@ -8,6 +8,7 @@
 #include <lockstep/environments/cluster_environment.h>
 
 #include "../../support/command.h"
+#include "../../support/paths.h"
 
 namespace lockstep {
 namespace {

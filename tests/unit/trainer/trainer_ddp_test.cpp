@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include "../../support/command.h"
+#include "../../support/paths.h"
 
 namespace lockstep {
 namespace {

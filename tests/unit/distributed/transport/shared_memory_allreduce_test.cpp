@@ -20,6 +20,7 @@
 #include "../../../support/errors.h"
 #include "../../../support/parity.h"
 #include "../../../support/thread_ranks.h"
+#include "../../../support/paths.h"
 
 namespace lockstep {
 namespace distributed {

@@ -1,0 +1,12 @@
+#include "paths.h"
+
+namespace lockstep {
+namespace testing {
+
+const char* bin_dir() { return LOCKSTEP_BUILD_BIN_DIR; }
+const char* source_dir() { return LOCKSTEP_BUILD_SOURCE_DIR; }
+const char* test_python() { return LOCKSTEP_BUILD_TEST_PYTHON; }
+const char* prefix_path() { return LOCKSTEP_BUILD_PREFIX_PATH; }
+
+}  // namespace testing
+}  // namespace lockstep
