@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "support/temp_dir.h"
 #include "support/paths.h"
+#include "support/temp_dir.h"
 
 namespace lockstep {
 namespace {

@@ -13,8 +13,8 @@
 #include <lockstep/launchers/worker_environment.h>
 
 #include "../support/command.h"
-#include "../support/temp_dir.h"
 #include "../support/paths.h"
+#include "../support/temp_dir.h"
 
 namespace lockstep {
 namespace {
@@ -53,7 +53,9 @@ class Hosts : public ::testing::Test {
     up_ = true;
     ASSERT_EQ(made.exit_code, 0) << made.err;
   }
-  std::string address(int node) { return testing::run_command({nodes_script, "addr", name_, std::to_string(node)}, environment()).out_lines().at(0); }
+  std::string address(int node) {
+    return testing::run_command({nodes_script, "addr", name_, std::to_string(node)}, environment()).out_lines().at(0);
+  }
   testing::CommandResult nodes(std::vector<std::string> args) {
     args.insert(args.begin(), nodes_script);
     return testing::run_command(args, environment(), std::chrono::seconds(30));

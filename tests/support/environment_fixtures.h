@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <lockstep/environments/cluster_environment.h>
+
 #include "paths.h"
 
 namespace lockstep {

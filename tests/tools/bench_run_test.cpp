@@ -8,8 +8,8 @@
 #include <set>
 
 #include "../support/command.h"
-#include "../support/temp_dir.h"
 #include "../support/paths.h"
+#include "../support/temp_dir.h"
 
 namespace lockstep {
 namespace {

@@ -6,8 +6,8 @@
 #include <filesystem>
 
 #include "../support/command.h"
-#include "../support/temp_dir.h"
 #include "../support/paths.h"
+#include "../support/temp_dir.h"
 
 namespace lockstep {
 namespace {

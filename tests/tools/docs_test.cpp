@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "../support/command.h"
-#include "../support/temp_dir.h"
 #include "../support/paths.h"
+#include "../support/temp_dir.h"
 
 namespace lockstep {
 namespace {

@@ -13,8 +13,8 @@
 #include <lockstep/checkpoint/checkpoint_io.h>
 
 #include "../support/command.h"
-#include "../support/temp_dir.h"
 #include "../support/paths.h"
+#include "../support/temp_dir.h"
 
 namespace lockstep {
 namespace {

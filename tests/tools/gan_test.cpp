@@ -14,8 +14,8 @@
 #include <stb/stb_image.h>
 
 #include "../support/command.h"
-#include "../support/temp_dir.h"
 #include "../support/paths.h"
+#include "../support/temp_dir.h"
 
 namespace lockstep {
 namespace {

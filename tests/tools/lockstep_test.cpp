@@ -16,9 +16,9 @@
 #include <lockstep/launchers/worker_environment.h>
 
 #include "../support/command.h"
+#include "../support/paths.h"
 #include "../support/temp_dir.h"
 #include "../unit/launchers/process_support.h"
-#include "../support/paths.h"
 
 namespace lockstep {
 namespace {

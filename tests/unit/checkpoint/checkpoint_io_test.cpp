@@ -18,8 +18,8 @@
 
 #include "../../support/command.h"
 
-#include "../../support/temp_dir.h"
 #include "../../support/paths.h"
+#include "../../support/temp_dir.h"
 
 namespace lockstep {
 namespace checkpoint {

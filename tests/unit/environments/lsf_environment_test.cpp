@@ -3,10 +3,10 @@
 #include <gtest/gtest.h>
 
 #include "../../support/environment_fixtures.h"
+#include "../../support/paths.h"
 
 #include <cstdio>
 #include <fstream>
-#include "../../support/paths.h"
 
 using namespace lockstep::environments;
 using lockstep::testing::contains;

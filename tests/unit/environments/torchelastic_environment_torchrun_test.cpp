@@ -20,8 +20,8 @@
 #include <lockstep/launchers/worker_environment.h>
 
 #include "../../support/command.h"
-#include "../../support/temp_dir.h"
 #include "../../support/paths.h"
+#include "../../support/temp_dir.h"
 
 namespace lockstep {
 namespace {

@@ -13,9 +13,9 @@
 #include <lockstep/loggers/csv_logger.h>
 
 #include "../../support/command.h"
+#include "../../support/paths.h"
 #include "../../support/regression.h"
 #include "../../support/temp_dir.h"
-#include "../../support/paths.h"
 
 namespace lockstep {
 namespace {

@@ -23,8 +23,8 @@
 #include <thread>
 #include <vector>
 
-#include "../../support/temp_dir.h"
 #include "../../support/paths.h"
+#include "../../support/temp_dir.h"
 
 extern char** environ;
 

@@ -13,8 +13,8 @@
 
 #include <gtest/gtest.h>
 
-#include "process_support.h"
 #include "../../support/paths.h"
+#include "process_support.h"
 
 namespace lockstep {
 namespace launchers {

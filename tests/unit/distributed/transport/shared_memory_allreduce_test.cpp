@@ -19,8 +19,8 @@
 #include "../../../support/command.h"
 #include "../../../support/errors.h"
 #include "../../../support/parity.h"
-#include "../../../support/thread_ranks.h"
 #include "../../../support/paths.h"
+#include "../../../support/thread_ranks.h"
 
 namespace lockstep {
 namespace distributed {
