@@ -15,6 +15,7 @@
 #include "../support/command.h"
 #include "../support/paths.h"
 #include "../support/temp_dir.h"
+#include "../support/written_parameters.h"
 
 namespace lockstep {
 namespace {
@@ -86,23 +87,8 @@ class Hosts : public ::testing::Test {
   bool up_ = false;
 };
 
-// Each rank's parameters, as trainer_program wrote them into `out`.
-std::vector<std::vector<torch::Tensor>> params_in(const std::string& out) {
-  std::vector<std::vector<torch::Tensor>> ranks;
-  for (int r = 0; std::filesystem::exists(out + "/params." + std::to_string(r) + ".pt"); ++r) {
-    std::vector<torch::Tensor> params;
-    torch::load(params, out + "/params." + std::to_string(r) + ".pt");
-    ranks.push_back(params);
-  }
-  return ranks;
-}
-
-double max_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
-  return worst;
-}
+using testing::max_diff;
+using testing::written_parameters;
 
 std::string all_output(const std::vector<testing::CommandResult>& results) {
   std::string text;
@@ -132,7 +118,7 @@ TEST_F(Hosts, TwoNodesOfTwoEqualOneProcessOnTheWholeBatch) {
   ASSERT_EQ(single.exit_code, 0) << single.err;
   const auto results = launch({2, 2}, trainer(dir, "nodes", 2, 2, 8));
   for (const auto& r : results) ASSERT_EQ(r.exit_code, 0) << all_output(results);
-  const auto one = params_in(dir / "single"), four = params_in(dir / "nodes");
+  const auto one = written_parameters(dir / "single"), four = written_parameters(dir / "nodes");
   ASSERT_EQ(one.size(), 1u);
   ASSERT_EQ(four.size(), 4u) << "every rank writes its parameters: " << all_output(results);
   for (int r = 1; r < 4; ++r) EXPECT_EQ(max_diff(four[0], four[r]), 0.0) << "rank " << r << " drifted";
@@ -245,7 +231,7 @@ TEST_F(Hosts, ASlowLinkTrainsToTheSameBits) {
   std::cout << "[ slow ] trained in " << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()
             << " s on the slow link\n";
   for (const auto& r : slow) ASSERT_EQ(r.exit_code, 0) << all_output(slow);
-  const auto a = params_in(dir / "fast"), b = params_in(dir / "slow");
+  const auto a = written_parameters(dir / "fast"), b = written_parameters(dir / "slow");
   ASSERT_EQ(a.size(), 4u);
   ASSERT_EQ(b.size(), 4u);
   EXPECT_EQ(max_diff(a[0], b[0]), 0.0);

@@ -16,6 +16,7 @@
 
 #include "../support/command.h"
 #include "../support/paths.h"
+#include "../support/written_parameters.h"
 
 namespace lockstep {
 namespace {
@@ -104,19 +105,10 @@ class Slurm : public ::testing::Test {
 
   // Each rank's parameters, as trainer_program wrote them into DIR/NAME.
   std::vector<std::vector<torch::Tensor>> params_of(const std::string& name) {
-    std::vector<std::vector<torch::Tensor>> ranks;
-    for (int r = 0; std::filesystem::exists(dir / name / ("params." + std::to_string(r) + ".pt")); ++r) {
-      std::vector<torch::Tensor> params;
-      torch::load(params, (dir / name / ("params." + std::to_string(r) + ".pt")).string());
-      ranks.push_back(params);
-    }
-    return ranks;
+    return testing::written_parameters(dir / name);
   }
   static double max_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-    EXPECT_EQ(a.size(), b.size());
-    double worst = 0;
-    for (size_t i = 0; i < a.size() && i < b.size(); ++i) worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
-    return worst;
+    return testing::max_diff(a, b);
   }
 
   // What `lockstep env --json` says on each rank of an srun step, by global rank.

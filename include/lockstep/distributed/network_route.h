@@ -21,6 +21,9 @@ struct GlooInterface {
   std::string describe() const;
 };
 
+/// Whether `address` (numeric) is a loopback address: 127.x.x.x or ::1.
+bool is_loopback_address(const std::string& address);
+
 /// The interface Gloo uses to reach the ranks of a job whose main address is `main_address`:
 /// GLOO_SOCKET_IFNAME's when set, loopback for a loopback main address, else the one the kernel
 /// sends packets for `main_address` from (no packet is sent). Throws DistributedError when

@@ -81,6 +81,8 @@ std::string source_address_for(const std::string& address) {
 
 }  // namespace
 
+bool is_loopback_address(const std::string& address) { return address.rfind("127.", 0) == 0 || address == "::1"; }
+
 std::string GlooInterface::describe() const { return name + " (" + address + "; " + why + ")"; }
 
 GlooInterface gloo_interface(const std::string& main_address) {
@@ -98,8 +100,7 @@ GlooInterface gloo_interface(const std::string& main_address) {
   for (const auto& [interface, address] : interfaces) {
     if (address == source) name = interface;
   }
-  const bool loopback = source.rfind("127.", 0) == 0 || source == "::1";
-  return {name, source, loopback ? "the main address " + main_address + " is this host's loopback"
+  return {name, source, is_loopback_address(source) ? "the main address " + main_address + " is this host's loopback"
                                  : "routes to " + main_address};
 }
 

@@ -149,7 +149,7 @@ c10::intrusive_ptr<Backend> make_backend(const std::string& name, const c10::int
 // collective stalls can say which hosts stopped answering. Ranks bound to loopback are on one host.
 std::vector<std::string> exchange_addresses(Backend& backend, const std::string& mine, int size,
                                             std::chrono::milliseconds timeout, const std::string& who) {
-  if (mine.rfind("127.", 0) == 0 || mine == "::1" || size < 2) return std::vector<std::string>(size, mine);
+  if (is_loopback_address(mine) || size < 2) return std::vector<std::string>(size, mine);
   constexpr int64_t kBytes = 64;  // an IPv6 address has at most 45 characters
   std::vector<at::Tensor> input{at::zeros({kBytes}, at::kByte)};
   std::memcpy(input[0].data_ptr(), mine.data(), std::min<size_t>(mine.size(), kBytes - 1));

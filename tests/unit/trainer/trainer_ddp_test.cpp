@@ -15,6 +15,7 @@
 
 #include "../../support/command.h"
 #include "../../support/paths.h"
+#include "../../support/written_parameters.h"
 
 namespace lockstep {
 namespace {
@@ -46,14 +47,7 @@ class TrainerDDP : public ::testing::Test {
 
   // Each rank's parameters, as the program wrote them into DIR/NAME.
   std::vector<std::vector<torch::Tensor>> params_of(const std::string& name) {
-    const auto out = dir / name;
-    std::vector<std::vector<torch::Tensor>> ranks;
-    for (int r = 0; std::filesystem::exists(out / ("params." + std::to_string(r) + ".pt")); ++r) {
-      std::vector<torch::Tensor> params;
-      torch::load(params, (out / ("params." + std::to_string(r) + ".pt")).string());
-      ranks.push_back(params);
-    }
-    return ranks;
+    return testing::written_parameters(dir / name);
   }
 
   // Runs the program into DIR/NAME with a pause after every rank's first batch, during which rank
@@ -82,10 +76,7 @@ class TrainerDDP : public ::testing::Test {
   }
 
   static double max_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-    EXPECT_EQ(a.size(), b.size());
-    double worst = 0;
-    for (size_t i = 0; i < a.size() && i < b.size(); ++i) worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
-    return worst;
+    return testing::max_diff(a, b);
   }
 
   std::filesystem::path dir;
