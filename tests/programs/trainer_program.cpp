@@ -3,6 +3,7 @@
 //   trainer_program [trainer flags] --out DIR [--batch-size B] [--adam] [--save PATH] [--val] [--csv-logger]
 //                   [--fail-on-rank R] [--pause-ms MS] [--nan-at-step S --nan-on-rank R]
 //                   [--crash-at-step S --crash-on-rank R] [--checkpoint-every-n-steps K]
+//                   [--manual plain|twice|manual_backward]
 // With --val it also validates (32 examples) and writes each rank's validation count. With
 // --csv-logger every rank adds its own CSVLogger under --default-root-dir, as a user might. With
 // --fail-on-rank R, rank R throws after its first training batch (an error in a training step).
@@ -11,6 +12,8 @@
 // loss in optimizer step S (1, 2, ...) is NaN. With --crash-at-step S, rank --crash-on-rank exits
 // with code 3 after step S, in the first attempt of a job only (TORCHELASTIC_RESTART_COUNT unset
 // or 0). --checkpoint-every-n-steps K keeps a checkpoint of every K-th step and last.ckpt.
+// --manual: manual optimisation, each step's backward as loss.backward() (plain), as two
+// loss.backward() calls of half the loss each (twice), or as manual_backward(loss).
 #include <unistd.h>
 
 #include <chrono>
@@ -96,6 +99,27 @@ struct NanOnce : lockstep::testing::Regressor {
   int rank;
 };
 
+// The regression model, optimised by hand in its training step.
+struct Manual : lockstep::testing::Regressor {
+  Manual(bool adam, std::string how) : Regressor(adam), how(std::move(how)) { automatic_optimization(false); }
+  torch::Tensor training_step(lockstep::Batch& batch, int64_t) override {
+    auto& optimizer = *optimizers().front();
+    optimizer.zero_grad();
+    auto loss = torch::mse_loss(forward(batch.data), batch.target);
+    if (how == "manual_backward") {
+      manual_backward(loss);
+    } else if (how == "twice") {
+      (loss / 2).backward({}, /*retain_graph=*/true);
+      (loss / 2).backward();
+    } else {
+      loss.backward();
+    }
+    optimizer.step();
+    return loss.detach();
+  }
+  std::string how;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -103,7 +127,7 @@ int main(int argc, char** argv) {
     CLI::App app{"trainer test program", "trainer_program"};
     lockstep::TrainerOptions options;
     lockstep::cli::add_trainer_flags(app, options);
-    std::string out, save;
+    std::string out, save, manual;
     int64_t batch_size = 8;
     bool adam = false, validate = false, csv_logger = false;
     int fail_on_rank = -1, pause_ms = 0, nan_on_rank = 0, crash_on_rank = 1;
@@ -121,12 +145,19 @@ int main(int argc, char** argv) {
     app.add_option("--crash-at-step", crash_at_step);
     app.add_option("--crash-on-rank", crash_on_rank);
     app.add_option("--checkpoint-every-n-steps", checkpoint_every);
+    app.add_option("--manual", manual)->check(CLI::IsMember({"plain", "twice", "manual_backward"}));
     const int parsed = lockstep::cli::parse_or_exit_code(app, argc, argv);
     if (parsed >= 0) return parsed;
     torch::set_num_threads(1);
     torch::manual_seed(11);
-    auto model = nan_at_step > 0 ? std::make_shared<NanOnce>(adam, nan_at_step, nan_on_rank)
-                                 : std::make_shared<lockstep::testing::Regressor>(adam);
+    std::shared_ptr<lockstep::testing::Regressor> model;
+    if (nan_at_step > 0) {
+      model = std::make_shared<NanOnce>(adam, nan_at_step, nan_on_rank);
+    } else if (!manual.empty()) {
+      model = std::make_shared<Manual>(adam, manual);
+    } else {
+      model = std::make_shared<lockstep::testing::Regressor>(adam);
+    }
     auto data = lockstep::testing::regression_data(64);
     lockstep::Trainer trainer(options.enable_progress_bar(false).num_sanity_val_steps(0));
     if (csv_logger) {

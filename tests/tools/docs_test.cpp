@@ -173,6 +173,48 @@ TEST(DocsLaunching, EveryRecipeNamesATestThatExists) {
   EXPECT_GE(checked, 8) << "a test for each recipe";
 }
 
+// The lines of the ```cpp block of `markdown` whose first line starts with `first`.
+std::vector<std::string> block_starting_with(const fs::path& markdown, const std::string& first) {
+  std::ifstream in(markdown);
+  std::vector<std::string> lines;
+  bool inside = false;
+  for (std::string line; std::getline(in, line);) {
+    if (!inside) {
+      if (line == "```cpp" && std::getline(in, line) && line.rfind(first, 0) == 0) inside = true;
+      continue;
+    }
+    if (line == "```") break;
+    lines.push_back(line);
+  }
+  return lines;
+}
+
+// Lines of `a` and `b` in their longest common subsequence.
+size_t common_lines(const std::vector<std::string>& a, const std::vector<std::string>& b) {
+  std::vector<std::vector<size_t>> lcs(a.size() + 1, std::vector<size_t>(b.size() + 1, 0));
+  for (size_t i = a.size(); i-- > 0;) {
+    for (size_t j = b.size(); j-- > 0;) {
+      lcs[i][j] = a[i] == b[j] ? lcs[i + 1][j + 1] + 1 : std::max(lcs[i + 1][j], lcs[i][j + 1]);
+    }
+  }
+  return lcs[0][0];
+}
+
+// The README's plain loop and its Fabric version in the user guide differ in the 6 lines the
+// guide marks `// Fabric` (Lightning's conversion guide touches 6), and in nothing else.
+TEST(DocsFabric, TheFabricLoopDiffersFromTheReadmeLoopInSixLines) {
+  const auto plain = block_starting_with(source_dir / "README.md", "// The plain loop (");
+  const auto fabric = block_starting_with(source_dir / "docs/user-guide.md", "// The plain loop, with Fabric");
+  ASSERT_GT(plain.size(), 15u);
+  ASSERT_GT(fabric.size(), 15u);
+  const size_t common = common_lines(plain, fabric);
+  size_t marked = 0;
+  for (const auto& line : fabric) marked += line.size() >= 9 && line.compare(line.size() - 9, 9, "// Fabric") == 0;
+  EXPECT_EQ(fabric.size() - common, 6u) << "lines written for Fabric";
+  EXPECT_EQ(marked, 6u) << "each of them marked // Fabric";
+  EXPECT_EQ(plain.size() - common, 4u) << "lines of the plain loop replaced";
+}
+
 // scripts/demo writes its runs under demo_runs/ in the checkout: git ignores them, so the demo
 // leaves the tree clean.
 TEST(Demo, ItsRunsAreIgnoredByGit) {

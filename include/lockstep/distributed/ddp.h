@@ -2,26 +2,18 @@
 /// DistributedDataParallel: data-parallel training of a LibTorch module over a ProcessGroup, as
 /// torch.nn.parallel.DistributedDataParallel does in Python.
 
-#include <array>
-#include <map>
 #include <memory>
 #include <string>
-#include <tuple>
-#include <type_traits>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
-#include <ATen/core/ivalue.h>
-#include <c10/util/Optional.h>
-#include <c10/util/Type.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
-#include <torch/ordered_dict.h>
 
 #include <lockstep/distributed/ddp_options.h>
 #include <lockstep/distributed/join.h>
+#include <lockstep/distributed/output_tensors.h>
 #include <lockstep/distributed/process_group.h>
 #include <lockstep/distributed/reducer.h>
 
@@ -62,14 +54,26 @@ class DistributedDataParallelBase : public Joinable {
   DistributedDataParallelBase(const DistributedDataParallelBase&) = delete;
   DistributedDataParallelBase& operator=(const DistributedDataParallelBase&) = delete;
 
-  /// Before the module's forward: fails if the last backward did not finish its reduction,
-  /// rebuilds buckets once after the first step, broadcasts buffers (broadcast_buffers).
+  /// Before the module's forward: fails if the last backward did not finish its reduction; with
+  /// grad mode on, rebuilds buckets once after the first step; in training forwards (grad mode
+  /// on, module training) broadcasts rank 0's buffers (broadcast_buffers), as PyTorch does, so
+  /// that evaluating on one rank alone under NoGradGuard runs no collective.
   void prepare_forward();
-  /// After the module's forward, with its outputs: arms the reduction of the next backward
-  /// (unless under no_sync() or grad mode is off) and, with find_unused_parameters, finds the
+  /// After the module's forward, with its outputs: arms the reduction of the next backward when
+  /// grad mode is on (unless under no_sync(), which keeps it local), as PyTorch's forward does, so
+  /// a plain `loss.backward()` averages the gradients; with find_unused_parameters, finds the
   /// parameters the outputs do not depend on.
   template <typename Outputs>
   void finish_forward(const Outputs& outputs);
+  /// finish_forward with the tensors already collected; `outputs_known` false when they could not
+  /// all be found in the forward's result (find_unused_parameters then finds unused parameters at
+  /// the end of backward).
+  void finish_forward_tensors(const std::vector<at::Tensor>& outputs, bool outputs_known);
+  /// For code whose forwards the wrapper does not see (a manually optimised Trainer step calls
+  /// the module's parts itself): until the next prepare_forward(), every backward reduces its
+  /// gradients (none under no_sync()). With find_unused_parameters the unused parameters are then
+  /// found at the end of each backward, so their buckets are reduced after it, not during it.
+  void sync_every_backward();
 
   /// Gradient accumulation without communication while the guard lives:
   ///   { auto guard = ddp.no_sync(); ddp.forward(x1).sum().backward(); }
@@ -106,11 +110,6 @@ class DistributedDataParallelBase : public Joinable {
   /// Joinable: copies the parameters and buffers of the highest rank among the last joiners.
   void join_post_hook(bool is_last_joiner) override;
   ProcessGroup& join_process_group() override { return group_; }
-
- protected:
-  /// `outputs_type` names the forward's return type when `outputs` could not be found in it.
-  void finish_forward_tensors(const std::vector<at::Tensor>& outputs, bool outputs_known,
-                              const std::string& outputs_type);
 
  private:
   void verify_same_parameters();
@@ -193,105 +192,11 @@ std::shared_ptr<DistributedDataParallel<ModuleType>> make_ddp(const torch::nn::M
   return make_ddp(module.ptr(), group, std::move(options));
 }
 
-namespace detail {
-
-// Finds the tensors in a forward's outputs: tensors, and vectors, arrays, tuples, pairs, maps,
-// optionals and IValues of them. `collect` returns false for a type it cannot look into.
-template <typename T, typename = void>
-struct OutputTensors {
-  static bool collect(const T&, std::vector<at::Tensor>&) { return false; }
-};
-template <>
-struct OutputTensors<at::Tensor> {
-  static bool collect(const at::Tensor& t, std::vector<at::Tensor>& out) {
-    out.push_back(t);
-    return true;
-  }
-};
-template <>
-struct OutputTensors<c10::IValue> {
-  static bool collect(const c10::IValue& v, std::vector<at::Tensor>& out) {
-    if (v.isTensor()) {
-      out.push_back(v.toTensor());
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorVector()) out.push_back(t);
-    } else if (v.isList()) {
-      for (const c10::IValue& e : v.toListRef()) collect(e, out);
-    } else if (v.isTuple()) {
-      for (const c10::IValue& e : v.toTupleRef().elements()) collect(e, out);
-    } else if (v.isGenericDict()) {
-      for (const auto& e : v.toGenericDict()) collect(e.value(), out);
-    }
-    return true;
-  }
-};
-template <typename T>
-struct OutputTensors<std::vector<T>> {
-  static bool collect(const std::vector<T>& v, std::vector<at::Tensor>& out) {
-    bool known = true;
-    for (const auto& e : v) known = OutputTensors<T>::collect(e, out) && known;
-    return known;
-  }
-};
-template <typename T, size_t N>
-struct OutputTensors<std::array<T, N>> {
-  static bool collect(const std::array<T, N>& v, std::vector<at::Tensor>& out) {
-    bool known = true;
-    for (const auto& e : v) known = OutputTensors<T>::collect(e, out) && known;
-    return known;
-  }
-};
-template <typename... T>
-struct OutputTensors<std::tuple<T...>> {
-  static bool collect(const std::tuple<T...>& v, std::vector<at::Tensor>& out) {
-    return std::apply([&](const auto&... e) { return (true && ... && OutputTensors<std::decay_t<decltype(e)>>::collect(e, out)); }, v);
-  }
-};
-template <typename A, typename B>
-struct OutputTensors<std::pair<A, B>> {
-  static bool collect(const std::pair<A, B>& v, std::vector<at::Tensor>& out) {
-    const bool a = OutputTensors<A>::collect(v.first, out);
-    return OutputTensors<B>::collect(v.second, out) && a;
-  }
-};
-template <typename K, typename V>
-struct OutputTensors<std::map<K, V>> {
-  static bool collect(const std::map<K, V>& v, std::vector<at::Tensor>& out) {
-    bool known = true;
-    for (const auto& e : v) known = OutputTensors<V>::collect(e.second, out) && known;
-    return known;
-  }
-};
-template <typename K, typename V>
-struct OutputTensors<std::unordered_map<K, V>> {
-  static bool collect(const std::unordered_map<K, V>& v, std::vector<at::Tensor>& out) {
-    bool known = true;
-    for (const auto& e : v) known = OutputTensors<V>::collect(e.second, out) && known;
-    return known;
-  }
-};
-template <typename K, typename V>
-struct OutputTensors<torch::OrderedDict<K, V>> {
-  static bool collect(const torch::OrderedDict<K, V>& v, std::vector<at::Tensor>& out) {
-    bool known = true;
-    for (const auto& e : v) known = OutputTensors<V>::collect(e.value(), out) && known;
-    return known;
-  }
-};
-template <typename T>
-struct OutputTensors<c10::optional<T>> {
-  static bool collect(const c10::optional<T>& v, std::vector<at::Tensor>& out) {
-    return !v || OutputTensors<T>::collect(*v, out);
-  }
-};
-
-}  // namespace detail
-
 template <typename Outputs>
 void DistributedDataParallelBase::finish_forward(const Outputs& outputs) {
   std::vector<at::Tensor> tensors;
-  const bool known = detail::OutputTensors<std::decay_t<Outputs>>::collect(outputs, tensors);
-  finish_forward_tensors(tensors, known, known ? std::string() : c10::demangle_type<Outputs>());
+  const bool known = output_tensors(outputs, tensors);
+  finish_forward_tensors(tensors, known);
 }
 
 }  // namespace distributed

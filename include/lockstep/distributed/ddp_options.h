@@ -24,7 +24,8 @@ struct DDPOptions {
   /// Make each parameter's .grad() a view into its bucket, saving a copy and the memory of one
   /// set of gradients. Default: false.
   TORCH_ARG(bool, gradient_as_bucket_view) = false;
-  /// Broadcast rank 0's buffers (BatchNorm statistics, ...) before each forward. Default: true.
+  /// Broadcast rank 0's buffers (BatchNorm statistics, ...) before each training forward (grad
+  /// mode on, module training), as PyTorch does. Default: true.
   TORCH_ARG(bool, broadcast_buffers) = true;
   /// The set of used parameters and the order of their gradients is the same every step: the
   /// unused ones are found once, in the first step, and buckets follow the first step's order

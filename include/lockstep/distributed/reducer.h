@@ -89,13 +89,21 @@ class Reducer {
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
-  /// Call before each forward: fails if the previous backward's reduction did not finish, and,
-  /// once after the first synchronised step, rebuilds the buckets in the order gradients
-  /// arrived (rank 0's order, broadcast; a collective).
+  /// Call before each forward: fails if the previous backward's reduction did not finish, ends
+  /// sync_every_backward(), and, once after the first synchronised step and with grad mode on,
+  /// rebuilds the buckets in the order gradients arrived (rank 0's order, broadcast; a collective).
   void prepare_for_forward();
-  /// Call after each forward with its outputs. If `sync` (and grad mode is on), the next
-  /// backward reduces the gradients; otherwise they only accumulate locally.
-  void prepare_for_backward(const std::vector<at::Tensor>& outputs, bool sync);
+  /// Call after each forward with its outputs. If `sync`, the next backward reduces the
+  /// gradients (a forward with grad mode off builds no graph and changes nothing); otherwise
+  /// they only accumulate locally until the next call. A gradient that arrives with neither (no
+  /// forward through the wrapper since the last synchronised backward) is an error: it would
+  /// stay local and the replicas would drift apart. `outputs_known` false: the outputs could not
+  /// be found, so parameters unused in the backward are found at its end instead.
+  void prepare_for_backward(const std::vector<at::Tensor>& outputs, bool sync, bool outputs_known = true);
+  /// Until the next prepare_for_forward(), every backward is synchronised (`sync`) or local,
+  /// whatever the forwards: for callers that do not see the forward's outputs. Parameters
+  /// unused in a backward are found at its end (find_unused_parameters / static_graph).
+  void sync_every_backward(bool sync);
 
   /// Under a Join: how many ranks contribute to the next backward's gradients. Reduced buckets
   /// (the comm hook's mean over the world size) are rescaled to the mean over these ranks.
@@ -139,7 +147,13 @@ class Reducer {
   void rebuild_buckets();
   void find_unused(const std::vector<at::Tensor>& outputs);
   bool searches_usage() const;
+  /// Readies the buckets for a synchronised backward; `outputs` null: unknown, so unused
+  /// parameters are found at the end of the backward.
+  void arm(const std::vector<at::Tensor>* outputs);
+  /// Marks the parameters that got no gradient in this backward (outputs were unknown).
+  void mark_unused_at_end();
   [[noreturn]] void refuse_second_backward(size_t index);
+  [[noreturn]] void refuse_unarmed_backward(size_t index);
   std::string bucket_name(size_t bucket) const;
   [[noreturn]] void fail(const std::string& message);
   std::chrono::nanoseconds since_start() const;
@@ -166,6 +180,9 @@ class Reducer {
   bool expect_hooks_ = false;
   bool backward_started_ = false;
   bool synchronised_backward_done_ = false;  // until the next forward: another backward is an error
+  bool local_window_ = false;    // the last forward ran under no_sync: backward accumulates locally
+  bool every_backward_ = false;  // sync_every_backward(true): re-armed after each backward
+  bool usage_at_end_ = false;    // this backward's outputs are unknown: unused found at its end
   std::vector<bool> ready_;
   size_t next_to_launch_ = 0;
   std::string failure_;

@@ -136,9 +136,16 @@ class SeparateDDP {
   /// Every rank must make the same calls in the same order (they are collectives).
   void prepare_forward() const;
   void arm_for_backward(const at::Tensor& loss) const;
+  /// arm_for_backward from several tensors (a forward's outputs).
+  void arm_for_backward(const std::vector<at::Tensor>& outputs) const;
+  /// For code whose forwards and losses are unseen: until the next prepare_forward(), every
+  /// backward reduces the gradients of the children it reaches (see
+  /// DistributedDataParallelBase::sync_every_backward).
+  void sync_every_backward() const;
   /// Whether the next backward passes synchronise gradients (false: they accumulate locally, as
   /// under no_sync()), for every wrapped child.
   void set_require_backward_grad_sync(bool enabled) const;
+  bool require_backward_grad_sync() const;
 
   /// Names of the children, in order, and whether each is wrapped.
   std::vector<std::string> children() const { return names_; }

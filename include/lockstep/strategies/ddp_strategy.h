@@ -35,9 +35,8 @@ class DDPStrategy : public Strategy {
   std::unique_ptr<launchers::Launcher> launcher() override;
   void setup_environment() override;
   torch::Device root_device() const override;
-  void setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
+  std::shared_ptr<WrappedModule> setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
   void teardown() override;
-  void prepare_forward() override;
 
   /// Wraps the module (the Trainer's TrainingModule, or the module given to Fabric::setup);
   /// override to return your own wrapper. `device_ids` is empty on CPU.
@@ -62,7 +61,7 @@ class DDPStrategy : public Strategy {
   distributed::DDPOptions& ddp_options() { return ddp_options_; }
   distributed::ProcessGroup& process_group();
   std::shared_ptr<distributed::ProcessGroup> group() const override { return group_; }
-  /// The wrapper configure_ddp returned (null before setup_module).
+  /// The wrapper configure_ddp returned for the module set up last (null before setup_module).
   const std::shared_ptr<distributed::DistributedDataParallelBase>& ddp() const { return ddp_; }
 
  protected:

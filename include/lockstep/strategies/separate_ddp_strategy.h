@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <lockstep/distributed/separate_ddp.h>
 #include <lockstep/strategies/ddp_strategy.h>
@@ -25,18 +26,21 @@ class SeparateDDPStrategy : public DDPStrategy {
   explicit SeparateDDPStrategy(distributed::DDPOptions options = distributed::separate_ddp_options(),
                                std::string start_method = "popen");
 
-  void setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
+  std::shared_ptr<WrappedModule> setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
   void teardown() override;
-  void prepare_forward() override;
   torch::Tensor training_step(TrainingModule& module, Batch& batch, int64_t batch_idx) override;
+  /// Arms the children `loss` reaches, in every module set up (their forwards may have been
+  /// called directly), then runs backward.
+  void backward(const torch::Tensor& loss) override;
   void manual_backward(const torch::Tensor& loss) override;
   void set_gradient_sync(bool enabled) override;
 
-  /// The per-child wrappers (null before setup_module).
+  /// The per-child wrappers of the module set up last (null before setup_module).
   const std::shared_ptr<distributed::SeparateDDP>& separate_ddp() const { return separate_; }
 
  private:
   std::shared_ptr<distributed::SeparateDDP> separate_;
+  std::vector<std::shared_ptr<distributed::SeparateDDP>> all_;  // one per module set up
 };
 
 }  // namespace strategies

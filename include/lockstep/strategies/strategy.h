@@ -15,6 +15,7 @@
 #include <lockstep/core/batch.h>
 #include <lockstep/distributed/collectives.h>
 #include <lockstep/launchers/launcher.h>
+#include <lockstep/strategies/wrapped_module.h>
 
 namespace lockstep {
 class DataLoader;
@@ -58,15 +59,17 @@ class Strategy {
   virtual void setup_environment() {}
   virtual torch::Device root_device() const { return torch::Device(torch::kCPU); }
   virtual void module_to_device(torch::nn::Module& module) { module.to(root_device()); }
-  /// Wraps the module for training (DDP does it here); the module is already on its device.
-  virtual void setup_module(const std::shared_ptr<torch::nn::Module>& module) {}
+  /// Wraps the module for training (DDP does it here); the module is already on its device. The
+  /// Trainer sets up one module, Fabric one or more; each gets its own wrapper.
+  virtual std::shared_ptr<WrappedModule> setup_module(const std::shared_ptr<torch::nn::Module>& module) {
+    return std::make_shared<WrappedModule>();
+  }
   virtual void teardown() {}
-  /// Before a forward that runs outside training_step (Fabric's modules): DDP broadcasts buffers
-  /// and rebuilds its buckets here.
-  virtual void prepare_forward() {}
 
   // One training step.
   virtual torch::Tensor training_step(TrainingModule& module, Batch& batch, int64_t batch_idx);
+  /// The backward of the Trainer's automatic step and of Fabric::backward: the forwards through
+  /// the wrappers armed the reduction.
   virtual void backward(const torch::Tensor& loss) { loss.backward(); }
   /// TrainingModule::manual_backward: a backward inside a manually optimised training_step.
   virtual void manual_backward(const torch::Tensor& loss) { backward(loss); }

@@ -12,7 +12,10 @@
 ///   if (finite) optimizer.step();
 ///   scaler.update(!finite);
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include <ATen/core/Dict.h>
@@ -42,6 +45,13 @@ class GradScaler {
 
   /// `loss` times the scale.
   torch::Tensor scale(const torch::Tensor& loss) const;
+  /// run(scale(loss)), by default its backward(): the gradients that arrive during it are
+  /// scaled ones.
+  void backward(const torch::Tensor& loss, const std::function<void(const torch::Tensor&)>& run = {});
+  /// Watches the gradients of `parameters`: one that arrives outside backward() (a plain
+  /// loss.backward() that skipped the scaling) makes the next unscale() a UsageError instead of
+  /// a silently mis-scaled step.
+  void watch(const std::vector<torch::Tensor>& parameters);
   /// Divides the gradients of `parameters` by the scale, in place; true when all are finite.
   /// Once per optimizer step, after backward and before clipping.
   bool unscale(const std::vector<torch::Tensor>& parameters) const;
@@ -58,9 +68,16 @@ class GradScaler {
   void load_state_dict(const c10::impl::GenericDict& state);
 
  private:
+  /// Shared with the watched parameters' hooks, which may outlive the scaler.
+  struct Watch {
+    std::atomic<int> scaled_backwards{0};  // backward() calls running
+    std::atomic<bool> unscaled_gradient{false};
+  };
+
   GradScalerOptions options_;
   double scale_;
   int64_t growth_tracker_ = 0;
+  std::shared_ptr<Watch> watch_ = std::make_shared<Watch>();
 };
 
 }  // namespace lockstep

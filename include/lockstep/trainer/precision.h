@@ -39,7 +39,7 @@ class Precision {
 
   /// Autocast on the precision's device while it lives (bfloat16 for bf16-mixed, float16 for
   /// 16-mixed); inert otherwise. Restores the state it found.
-  class StepScope {
+  class [[nodiscard]] StepScope {
    public:
     explicit StepScope(const Precision& precision);
     ~StepScope();

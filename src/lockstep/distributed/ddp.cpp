@@ -142,8 +142,13 @@ void DistributedDataParallelBase::prepare_forward() {
   const bool divide_by_active = join && !join_options()->divide_by_initial_world_size();
   reducer_->set_contributing_ranks(divide_by_active ? join->active_ranks : group_.world_size());
   reducer_->prepare_for_forward();
-  // Buffers come from the highest rank still training: a joined rank's are stale (PyTorch).
-  if (options_.broadcast_buffers()) broadcast_state(buffers_, "buffers", join ? join->last_active_rank : 0);
+  // Only training forwards broadcast (PyTorch's), so one rank may evaluate alone; under a Join
+  // every forward does, as the joined ranks' shadow does. Buffers come from the highest rank
+  // still training: a joined rank's are stale (PyTorch).
+  const bool training_forward = at::GradMode::is_enabled() && module_->is_training();
+  if (options_.broadcast_buffers() && (training_forward || join)) {
+    broadcast_state(buffers_, "buffers", join ? join->last_active_rank : 0);
+  }
   if (join) share_grad_sync(require_backward_grad_sync_ && at::GradMode::is_enabled());
 }
 
@@ -167,18 +172,13 @@ void DistributedDataParallelBase::join_post_hook(bool is_last_joiner) {
   broadcast_state(buffers_, "buffers", src);
 }
 
-void DistributedDataParallelBase::finish_forward_tensors(const std::vector<at::Tensor>& outputs, bool outputs_known,
-                                                         const std::string& outputs_type) {
-  const bool needs_outputs = options_.find_unused_parameters() || options_.static_graph();
-  if (require_backward_grad_sync_ && needs_outputs && !outputs_known && at::GradMode::is_enabled()) {
-    throw UsageError(
-        "DistributedDataParallel with find_unused_parameters or static_graph needs the tensors that forward "
-        "returns, but cannot look into a " + outputs_type +
-        ". Call ddp.prepare_forward(), then the module's forward, then "
-        "ddp.finish_forward(std::vector<at::Tensor>{...its output tensors...}).");
-  }
+void DistributedDataParallelBase::finish_forward_tensors(const std::vector<at::Tensor>& outputs, bool outputs_known) {
   if (has_converted_batchnorm_ && module_->is_training()) detail::check_replaced_batchnorms_unused(*module_);
-  reducer_->prepare_for_backward(outputs, require_backward_grad_sync_);
+  reducer_->prepare_for_backward(outputs, require_backward_grad_sync_, outputs_known);
+}
+
+void DistributedDataParallelBase::sync_every_backward() {
+  reducer_->sync_every_backward(require_backward_grad_sync_);
 }
 
 }  // namespace distributed

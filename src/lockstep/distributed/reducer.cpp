@@ -221,15 +221,41 @@ void Reducer::prepare_for_forward() {
          "interrupted it), so the ranks' collectives are out of step; this DistributedDataParallel "
          "cannot be used further. Find the first error on any rank.");
   }
-  if (rebuild_pending_) rebuild_buckets();
+  every_backward_ = false;
+  // As in PyTorch, only forwards that build a graph rebuild (a collective): evaluating under
+  // NoGradGuard on one rank alone must not wait for the others.
+  if (rebuild_pending_ && at::GradMode::is_enabled()) rebuild_buckets();
 }
 
-void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs, bool sync) {
+void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs, bool sync, bool outputs_known) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!failure_.empty()) throw DistributedError(failure_);
-  expect_hooks_ = sync && at::GradMode::is_enabled();
+  if (!sync) {
+    expect_hooks_ = false;
+    synchronised_backward_done_ = false;
+    local_window_ = true;
+    return;
+  }
+  if (at::GradMode::is_enabled()) arm(outputs_known ? &outputs : nullptr);
+}
+
+void Reducer::sync_every_backward(bool sync) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!failure_.empty()) throw DistributedError(failure_);
+  every_backward_ = sync;
+  if (sync) {
+    arm(nullptr);
+    return;
+  }
+  expect_hooks_ = false;
   synchronised_backward_done_ = false;
-  if (!expect_hooks_) return;
+  local_window_ = true;
+}
+
+void Reducer::arm(const std::vector<at::Tensor>* outputs) {
+  expect_hooks_ = true;
+  synchronised_backward_done_ = false;
+  local_window_ = false;
   std::fill(ready_.begin(), ready_.end(), false);
   for (auto& bucket : buckets_) {
     bucket.pending = bucket.members.size();
@@ -238,7 +264,10 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs, bool 
   next_to_launch_ = 0;
   used_work_.reset();
   track_usage_ = searches_usage();
-  if (track_usage_) find_unused(outputs);
+  usage_at_end_ = track_usage_ && !outputs;
+  // Otherwise unused_ keeps what static_graph found in its first iteration.
+  if (usage_at_end_) unused_.clear();
+  if (track_usage_ && outputs) find_unused(*outputs);
 }
 
 bool Reducer::searches_usage() const {
@@ -247,11 +276,23 @@ bool Reducer::searches_usage() const {
 
 void Reducer::refuse_second_backward(size_t index) {
   fail(group_.describe() + ": parameter '" + names_[index] +
-       "' received a gradient after this iteration's gradients were already reduced: a second backward "
-       "through the same forward (backward with retain_graph, then backward again). Its gradients would stay "
-       "local and the replicas would drift apart. Run a new forward before each backward; to accumulate "
-       "gradients over several backward passes, run all but the last under no_sync(); a graph that is the "
-       "same every iteration may use DDPOptions().static_graph(true).");
+       "' received a gradient after this iteration's gradients were already reduced, with no forward through "
+       "the DistributedDataParallel wrapper since: a second backward through the same forward (backward with "
+       "retain_graph, then backward again), or a forward that called the module itself (net->forward(x)) "
+       "instead of its wrapper (ddp(x), or the module Fabric's setup returned). Its gradients would stay "
+       "local and the replicas would drift apart. Run each forward through the wrapper, one backward per "
+       "forward; to accumulate gradients over several backward passes, run all but the last under "
+       "no_sync() (Fabric: no_backward_sync); a graph that is the same every iteration may use "
+       "DDPOptions().static_graph(true).");
+}
+
+void Reducer::refuse_unarmed_backward(size_t index) {
+  fail(group_.describe() + ": parameter '" + names_[index] +
+       "' received a gradient in a backward that no forward through the DistributedDataParallel wrapper "
+       "prepared: the module was called itself (net->forward(x)) instead of its wrapper (ddp(x), or "
+       "the module Fabric's setup returned). Its gradients would stay local and the replicas would drift "
+       "apart. Call the wrapper for every training forward; to accumulate gradients locally, use no_sync() "
+       "(Fabric: no_backward_sync).");
 }
 
 std::unordered_set<const torch::autograd::Node*> autograd_nodes_reached_by(const std::vector<at::Tensor>& outputs) {
@@ -292,6 +333,7 @@ void Reducer::autograd_hook(size_t index) {
   if (searches_usage()) local_used_.data_ptr<int32_t>()[index] = 1;
   if (!expect_hooks_) {
     if (synchronised_backward_done_) refuse_second_backward(index);
+    if (!local_window_) refuse_unarmed_backward(index);
     return;
   }
   if (!backward_started_) start_backward();
@@ -396,6 +438,7 @@ void Reducer::finalize_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
   trace_.backward_end = since_start();
   expect_hooks_ = false;
+  if (usage_at_end_) mark_unused_at_end();
   if (next_to_launch_ < buckets_.size()) {
     std::vector<std::string> missing;
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -450,6 +493,15 @@ void Reducer::finalize_backward() {
   synchronised_backward_done_ = true;
   trace_.finished = since_start();
   finish_step();
+  if (every_backward_) arm(nullptr);
+}
+
+void Reducer::mark_unused_at_end() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (ready_[i]) continue;
+    unused_.push_back(i);
+    mark_ready(i);
+  }
 }
 
 void Reducer::write_back() {

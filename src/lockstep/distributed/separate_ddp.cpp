@@ -91,12 +91,22 @@ DistributedDataParallelBase* SeparateDDP::find_ddp(const std::string& name) cons
   return it == ddps_.end() ? nullptr : it->second.get();
 }
 
-void SeparateDDP::arm_for_backward(const at::Tensor& loss) const {
-  const auto reached = autograd_nodes_reached_by({loss});
+void SeparateDDP::arm_for_backward(const at::Tensor& loss) const { arm_for_backward(std::vector<at::Tensor>{loss}); }
+
+void SeparateDDP::arm_for_backward(const std::vector<at::Tensor>& outputs) const {
+  const auto reached = autograd_nodes_reached_by(outputs);
   for (const auto& name : names_) {
     auto it = ddps_.find(name);
-    if (it != ddps_.end() && depends_on_any(reached, *children_.at(name))) it->second->finish_forward(loss);
+    if (it != ddps_.end() && depends_on_any(reached, *children_.at(name))) it->second->finish_forward(outputs);
   }
+}
+
+void SeparateDDP::sync_every_backward() const {
+  for (const auto& entry : ddps_) entry.second->sync_every_backward();
+}
+
+bool SeparateDDP::require_backward_grad_sync() const {
+  return ddps_.empty() || ddps_.begin()->second->require_backward_grad_sync();
 }
 
 void SeparateDDP::prepare_forward() const {

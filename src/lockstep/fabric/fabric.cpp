@@ -1,7 +1,9 @@
 #include <lockstep/fabric/fabric.h>
 
+#include <cmath>
 #include <exception>
 
+#include <torch/autograd.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/torch.h>
 
@@ -31,12 +33,13 @@ TrainerOptions connector_options(const FabricOptions& o) {
 
 }  // namespace
 
-NoBackwardSync::NoBackwardSync(strategies::Strategy& strategy, bool enabled) : strategy_(strategy), enabled_(enabled) {
-  if (enabled_) strategy_.set_gradient_sync(false);
+NoBackwardSync::NoBackwardSync(strategies::WrappedModule& module, bool enabled)
+    : module_(module), enabled_(enabled), previous_(module.gradient_sync()) {
+  if (enabled_) module_.set_gradient_sync(false);
 }
 
 NoBackwardSync::~NoBackwardSync() {
-  if (enabled_) strategy_.set_gradient_sync(true);
+  if (enabled_) module_.set_gradient_sync(previous_);
 }
 
 Fabric::Fabric(FabricOptions options) : options_(std::move(options)) {}
@@ -79,17 +82,16 @@ int Fabric::local_rank() const { return strategy().local_rank(); }
 int Fabric::node_rank() const { return strategy().node_rank(); }
 int Fabric::world_size() const { return strategy().world_size(); }
 torch::Device Fabric::device() const { return strategy().root_device(); }
+accelerators::Accelerator Fabric::accelerator() const { return launched("accelerator()").context.accelerator; }
 
-void Fabric::prepare_module(const std::shared_ptr<torch::nn::Module>& module) {
+std::shared_ptr<strategies::WrappedModule> Fabric::prepare_module(const std::shared_ptr<torch::nn::Module>& module) {
   const auto& plan = launched("setup");
   LOCKSTEP_CHECK(module, UsageError, "Fabric::setup: the module is null; pass a std::shared_ptr or holder of your module.");
-  LOCKSTEP_CHECK(!module_set_up_, UsageError, "Fabric::setup was called a second time: a Fabric wraps one module. "
-                 "Put the parts in one module (its children), and for parts trained in alternation (a GAN) use "
-                 "--strategy ddp_separate.");
   plan.strategy->module_to_device(*module);
   plan.precision.convert_module(*module);
-  plan.strategy->setup_module(module);
-  module_set_up_ = true;
+  auto wrapped = plan.strategy->setup_module(module);
+  ++modules_set_up_;
+  return wrapped;
 }
 
 void Fabric::check_module_is_ours(const strategies::Strategy& strategy) const {
@@ -97,31 +99,53 @@ void Fabric::check_module_is_ours(const strategies::Strategy& strategy) const {
                  "the module was set up by another Fabric; pass the one this Fabric's setup returned.");
 }
 
-FabricOptimizer Fabric::setup_optimizer(std::shared_ptr<torch::optim::Optimizer> optimizer) {
+FabricOptimizer Fabric::setup_optimizers(std::shared_ptr<torch::optim::Optimizer> optimizer) {
   launched("setup");
   LOCKSTEP_CHECK(optimizer, UsageError, "Fabric::setup: the optimizer is null; pass the one made on the module's "
                  "parameters, e.g. std::make_shared<torch::optim::SGD>(net->parameters(), 0.1).");
-  return FabricOptimizer(std::move(optimizer), scaler_.get());
+  FabricOptimizer wrapped(std::move(optimizer), scaler_.get());
+  if (scaler_) scaler_->watch(wrapped.parameters());
+  return wrapped;
 }
 
-FabricDataLoader Fabric::setup_dataloaders(std::shared_ptr<DataLoader> loader) {
+FabricDataLoader Fabric::setup_dataloaders(std::shared_ptr<DataLoader> loader, bool use_distributed_sampler,
+                                           bool move_to_device) {
   const auto& plan = launched("setup_dataloaders");
   LOCKSTEP_CHECK(loader, UsageError, "Fabric::setup_dataloaders: the loader is null; pass a std::shared_ptr<DataLoader>.");
-  strategies::add_distributed_sampler(*plan.strategy, *loader, loader->options().shuffle());
-  return FabricDataLoader(std::move(loader), plan.strategy->root_device(), plan.precision);
+  if (use_distributed_sampler) strategies::add_distributed_sampler(*plan.strategy, *loader, loader->options().shuffle());
+  return FabricDataLoader(std::move(loader), plan.strategy->root_device(), plan.precision, move_to_device);
 }
 
 void Fabric::backward(const torch::Tensor& loss) {
   const auto& plan = launched("backward");
-  LOCKSTEP_CHECK(module_set_up_, UsageError, "Fabric::backward before setup: wrap the module with fabric.setup(...) "
-                 "first, so that the strategy can reduce its gradients.");
-  plan.strategy->manual_backward(scaler_ ? scaler_->scale(loss) : loss);
+  LOCKSTEP_CHECK(modules_set_up_ > 0, UsageError, "Fabric::backward before setup: wrap the module with "
+                 "fabric.setup(...) first, so that the strategy can reduce its gradients.");
+  if (!scaler_) {
+    plan.strategy->backward(loss);
+    return;
+  }
+  scaler_->backward(loss, [&](const torch::Tensor& scaled) { plan.strategy->backward(scaled); });
 }
 
-torch::Tensor Fabric::clip_gradients(FabricOptimizer& optimizer, double max_norm, double norm_type) {
+torch::Tensor Fabric::clip_gradients(FabricOptimizer& optimizer, double max_norm, double norm_type,
+                                     bool error_if_nonfinite) {
   LOCKSTEP_CHECK(max_norm > 0, UsageError, "Fabric::clip_gradients: max_norm ", max_norm, " must be above 0.");
   optimizer.unscale();
   const auto params = optimizer.parameters();
+  if (error_if_nonfinite) {
+    std::vector<torch::Tensor> norms;
+    for (const auto& p : params) {
+      if (p.grad().defined()) norms.push_back(p.grad().detach().norm(norm_type).to(torch::kFloat64).cpu());
+    }
+    const double total = norms.empty() ? 0.0 : torch::stack(norms).norm(norm_type).item<double>();
+    if (!std::isfinite(total)) {
+      throw Error(ErrorKind::training,
+                  detail::concat("Fabric::clip_gradients: the total norm of the gradients (order ", norm_type, ") is ",
+                                 total, " on rank ", global_rank(), ", so they cannot be clipped; they are left as ",
+                                 "they were. Find where the loss became inf or NaN, or pass error_if_nonfinite = false ",
+                                 "to clip anyway."));
+    }
+  }
   return torch::tensor(torch::nn::utils::clip_grad_norm_(params, max_norm, norm_type));
 }
 
@@ -133,38 +157,133 @@ void Fabric::clip_gradients_value(FabricOptimizer& optimizer, double clip_val) {
 
 Precision::StepScope Fabric::autocast() const { return Precision::StepScope(launched("autocast").precision); }
 
-torch::Tensor Fabric::all_reduce(const torch::Tensor& tensor, distributed::ReduceOp op) {
-  return strategy().all_reduce(tensor.clone(), op);
+distributed::ProcessGroup* Fabric::group_or_job(distributed::ProcessGroup* group) const {
+  if (group) return group;
+  return strategy().group().get();
 }
 
-double Fabric::all_reduce(double value, distributed::ReduceOp op) {
-  return strategy().all_reduce(torch::tensor({value}, torch::kFloat64), op).item<double>();
+torch::Tensor Fabric::all_reduce(const torch::Tensor& tensor, distributed::ReduceOp op, distributed::ProcessGroup* group) {
+  auto* g = group_or_job(group);
+  return g ? distributed::all_reduce(*g, tensor.clone(), op) : tensor.clone();
 }
 
-torch::Tensor Fabric::all_gather(const torch::Tensor& tensor) {
-  const auto parts = strategy().all_gather(tensor);
+double Fabric::all_reduce(double value, distributed::ReduceOp op, distributed::ProcessGroup* group) {
+  return all_reduce(torch::tensor({value}, torch::kFloat64), op, group).item<double>();
+}
+
+std::vector<torch::Tensor> Fabric::all_reduce(const std::vector<torch::Tensor>& tensors, distributed::ReduceOp op,
+                                              distributed::ProcessGroup* group) {
+  std::vector<torch::Tensor> out;
+  for (const auto& t : tensors) out.push_back(all_reduce(t, op, group));
+  return out;
+}
+
+std::map<std::string, torch::Tensor> Fabric::all_reduce(const std::map<std::string, torch::Tensor>& tensors,
+                                                        distributed::ReduceOp op, distributed::ProcessGroup* group) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [key, t] : tensors) out[key] = all_reduce(t, op, group);
+  return out;
+}
+
+namespace {
+
+torch::Tensor gather_stacked(distributed::ProcessGroup& group, const torch::Tensor& tensor) {
+  const auto parts = distributed::all_gather(group, tensor);
   for (size_t r = 0; r < parts.size(); ++r) {
     LOCKSTEP_CHECK(parts[r].sizes() == tensor.sizes(), UsageError, "Fabric::all_gather: rank ", r, " gave shape ",
-                   parts[r].sizes(), " and rank ", global_rank(), " ", tensor.sizes(),
+                   parts[r].sizes(), " and rank ", group.rank(), " ", tensor.sizes(),
                    "; stacking needs equal shapes. Pad to one shape, or use strategy().all_gather for a list.");
   }
   return torch::stack(parts);
 }
 
-torch::Tensor Fabric::broadcast(const torch::Tensor& tensor, int src) {
-  return strategy().broadcast(c10::IValue(tensor), src).toTensor().to(tensor.device());
+// all_gather whose backward sends each rank the sum over the ranks of its slice's gradient.
+struct AllGatherWithGrads : torch::autograd::Function<AllGatherWithGrads> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& tensor, int64_t group) {
+    ctx->saved_data["group"] = group;
+    return gather_stacked(*reinterpret_cast<distributed::ProcessGroup*>(group), tensor.detach());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto& group = *reinterpret_cast<distributed::ProcessGroup*>(ctx->saved_data["group"].toInt());
+    auto summed = distributed::all_reduce(group, grads[0].contiguous().clone(), distributed::ReduceOp::sum,
+                                          distributed::CollectiveOptions().tag("all_gather's backward (sync_grads)"));
+    return {summed[group.rank()], torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor Fabric::all_gather(const torch::Tensor& tensor, distributed::ProcessGroup* group, bool sync_grads) {
+  auto* g = group_or_job(group);
+  if (!g) return tensor.unsqueeze(0);
+  if (!sync_grads) return gather_stacked(*g, tensor.detach());
+  return AllGatherWithGrads::apply(tensor, reinterpret_cast<int64_t>(g));
 }
 
-c10::IValue Fabric::broadcast(const c10::IValue& value, int src) { return strategy().broadcast(value, src); }
+std::vector<torch::Tensor> Fabric::all_gather(const std::vector<torch::Tensor>& tensors,
+                                              distributed::ProcessGroup* group, bool sync_grads) {
+  std::vector<torch::Tensor> out;
+  for (const auto& t : tensors) out.push_back(all_gather(t, group, sync_grads));
+  return out;
+}
+
+std::map<std::string, torch::Tensor> Fabric::all_gather(const std::map<std::string, torch::Tensor>& tensors,
+                                                        distributed::ProcessGroup* group, bool sync_grads) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [key, t] : tensors) out[key] = all_gather(t, group, sync_grads);
+  return out;
+}
+
+torch::Tensor Fabric::broadcast(const torch::Tensor& tensor, int src, distributed::ProcessGroup* group) {
+  return broadcast(c10::IValue(tensor), src, group).toTensor().to(tensor.device());
+}
+
+std::vector<torch::Tensor> Fabric::broadcast(const std::vector<torch::Tensor>& tensors, int src,
+                                             distributed::ProcessGroup* group) {
+  std::vector<torch::Tensor> out;
+  for (const auto& t : tensors) out.push_back(broadcast(t, src, group));
+  return out;
+}
+
+std::map<std::string, torch::Tensor> Fabric::broadcast(const std::map<std::string, torch::Tensor>& tensors, int src,
+                                                       distributed::ProcessGroup* group) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [key, t] : tensors) out[key] = broadcast(t, src, group);
+  return out;
+}
+
+c10::IValue Fabric::broadcast(const c10::IValue& value, int src, distributed::ProcessGroup* group) {
+  auto* g = group_or_job(group);
+  return g ? distributed::broadcast(*g, value, src) : value;
+}
+
+std::shared_ptr<distributed::ProcessGroup> Fabric::new_group(const std::vector<int>& ranks) {
+  auto job = strategy().group();
+  LOCKSTEP_CHECK(job, UsageError, "Fabric::new_group: this job runs one process (strategy ", strategy().name(),
+                 "), so there are no ranks to group; the collectives take no group here.");
+  return job->new_subgroup(ranks);
+}
 
 void Fabric::barrier(const std::string& name) { strategy().barrier(name); }
 
-void Fabric::save(const std::string& path, const FabricState& state) {
+void Fabric::save(const std::string& path, const FabricState& state, const SaveFilter& filter) {
+  for (const auto& [key, keep] : filter) {
+    auto it = state.find(key);
+    LOCKSTEP_CHECK(it != state.end() && it->second.module(), UsageError, "Fabric::save: the filter for '", key,
+                   "' needs a module under that key in the state; filters apply to modules' state_dicts.");
+  }
   if (strategy().is_global_zero()) {
     auto ckpt = checkpoint::make_checkpoint();
     for (const auto& [key, entry] : state) {
       if (entry.module()) {
-        ckpt.insert(key, checkpoint::state_dict(*entry.module()));
+        auto tensors = checkpoint::state_dict(*entry.module());
+        auto keep = filter.find(key);
+        c10::Dict<std::string, torch::Tensor> kept;
+        for (const auto& item : tensors) {
+          if (keep == filter.end() || keep->second(item.key(), item.value())) kept.insert(item.key(), item.value());
+        }
+        ckpt.insert(key, kept);
       } else if (entry.optimizer()) {
         ckpt.insert(key, checkpoint::optimizer_state_dict(*entry.optimizer()));
       } else {
@@ -176,33 +295,69 @@ void Fabric::save(const std::string& path, const FabricState& state) {
   strategy().barrier("fabric_save");
 }
 
-c10::impl::GenericDict Fabric::load(const std::string& path, FabricState& state) {
-  launched("load");
-  auto ckpt = checkpoint::CheckpointIO().load(path);
-  std::vector<std::string> keys;
-  for (const auto& entry : state) keys.push_back(entry.first);
-  checkpoint::require_keys(ckpt, keys, path);
+namespace {
+
+void restore(const std::string& path, const std::string& key, const c10::IValue& value, StateEntry& entry, bool strict) {
+  if (entry.module()) {
+    LOCKSTEP_CHECK(value.isGenericDict(), UsageError, path, ": '", key, "' holds a ", value.tagKind(),
+                   ", not a module's state_dict; load it into a value entry instead.");
+    checkpoint::load_state_dict(*entry.module(), value.toGenericDict(), strict);
+  } else if (entry.optimizer()) {
+    LOCKSTEP_CHECK(value.isGenericDict(), UsageError, path, ": '", key, "' holds a ", value.tagKind(),
+                   ", not an optimizer's state; load it into a value entry instead.");
+    checkpoint::load_optimizer_state_dict(*entry.optimizer(), value.toGenericDict());
+  } else {
+    entry.set_value(value);
+  }
+}
+
+}  // namespace
+
+c10::impl::GenericDict Fabric::load(const std::string& path, FabricState& state, bool strict) {
+  auto ckpt = load(path);
+  if (strict) {
+    std::vector<std::string> keys;
+    for (const auto& entry : state) keys.push_back(entry.first);
+    checkpoint::require_keys(ckpt, keys, path);
+  }
   for (auto& [key, entry] : state) {
-    const auto value = ckpt.at(key);
-    if (entry.module()) {
-      LOCKSTEP_CHECK(value.isGenericDict(), UsageError, path, ": '", key, "' holds a ", value.tagKind(),
-                     ", not a module's state_dict; load it into a value entry instead.");
-      checkpoint::load_state_dict(*entry.module(), value.toGenericDict());
-    } else if (entry.optimizer()) {
-      LOCKSTEP_CHECK(value.isGenericDict(), UsageError, path, ": '", key, "' holds a ", value.tagKind(),
-                     ", not an optimizer's state; load it into a value entry instead.");
-      checkpoint::load_optimizer_state_dict(*entry.optimizer(), value.toGenericDict());
-    } else {
-      entry.set_value(value);
-    }
+    if (!ckpt.contains(key)) continue;  // only without strict
+    restore(path, key, ckpt.at(key), entry, strict);
     ckpt.erase(key);
   }
   return ckpt;
 }
 
+c10::impl::GenericDict Fabric::load(const std::string& path) {
+  launched("load");
+  return checkpoint::CheckpointIO().load(path);
+}
+
+void Fabric::load_raw(const std::string& path, const StateEntry& target, bool strict) {
+  LOCKSTEP_CHECK(target.module() || target.optimizer(), UsageError, "Fabric::load_raw(\"", path, "\"): the target ",
+                 "is a value; load_raw restores a module or an optimizer. Use load(path) for the whole file.");
+  StateEntry entry = target;
+  restore(path, "the file", c10::IValue(load(path)), entry, strict);
+}
+
 void Fabric::seed_everything(uint64_t seed) { lockstep::seed_everything(seed); }
 
 void Fabric::log(const std::string& name, double value, int64_t step) { log_dict({{name, value}}, step); }
+
+loggers::Logger& Fabric::logger() const {
+  LOCKSTEP_CHECK(!loggers_.empty(), UsageError, "Fabric::logger(): no logger was added; call "
+                 "fabric.add_logger(std::make_shared<loggers::CSVLogger>(...)) first.");
+  return *loggers_.front();
+}
+
+void Fabric::add_callback(std::shared_ptr<FabricCallback> callback) {
+  LOCKSTEP_CHECK(callback, UsageError, "Fabric::add_callback: the callback is null; pass a callback object.");
+  callbacks_.push_back(std::move(callback));
+}
+
+void Fabric::call(const std::string& name, const std::vector<c10::IValue>& args) {
+  for (const auto& callback : callbacks_) callback->run(name, args);
+}
 
 void Fabric::log_dict(const std::map<std::string, double>& metrics, int64_t step) {
   if (!strategy().is_global_zero()) return;
@@ -232,7 +387,7 @@ std::vector<torch::Tensor> FabricOptimizer::parameters() const {
 
 Batch FabricDataLoader::batch(int64_t i) {
   Batch batch = loader_->batch(i);
-  to_device(batch, device_);
+  if (move_to_device_) to_device(batch, device_);
   precision_->convert_batch(batch);
   return batch;
 }

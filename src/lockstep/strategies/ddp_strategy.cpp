@@ -32,6 +32,21 @@ const bool registered = [] {
   return true;
 }();
 
+// Fabric's view of one DistributedDataParallel.
+class DDPModule : public WrappedModule {
+ public:
+  explicit DDPModule(std::shared_ptr<distributed::DistributedDataParallelBase> ddp) : ddp_(std::move(ddp)) {}
+  void before_forward() override { ddp_->prepare_forward(); }
+  void after_forward(const std::vector<at::Tensor>& outputs, bool known) override {
+    ddp_->finish_forward_tensors(outputs, known);
+  }
+  bool gradient_sync() const override { return ddp_->require_backward_grad_sync(); }
+  void set_gradient_sync(bool enabled) override { ddp_->set_require_backward_grad_sync(enabled); }
+
+ private:
+  std::shared_ptr<distributed::DistributedDataParallelBase> ddp_;
+};
+
 }  // namespace
 
 DDPStrategy::DDPStrategy(distributed::DDPOptions options, std::string start_method, std::string name)
@@ -101,24 +116,25 @@ void DDPStrategy::convert_sync_batchnorm(const std::shared_ptr<torch::nn::Module
                    "without --sync-batchnorm.");
 }
 
-void DDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
+std::shared_ptr<WrappedModule> DDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
   convert_sync_batchnorm(module);
   std::vector<int> device_ids;
   if (context_.accelerator == accelerators::Accelerator::cuda) device_ids.push_back(root_device().index());
   ddp_ = configure_ddp(module, device_ids);
+  return std::make_shared<DDPModule>(ddp_);
 }
 
 void DDPStrategy::teardown() { ddp_.reset(); }
-
-void DDPStrategy::prepare_forward() {
-  if (ddp_) ddp_->prepare_forward();
-}
 
 torch::Tensor DDPStrategy::training_step(TrainingModule& module, Batch& batch, int64_t batch_idx) {
   // Before the forward, also with manual optimisation: backward may need the broadcast buffers
   // unchanged (batch norm saves them).
   ddp_->prepare_forward();
-  if (!module.automatic_optimization()) return module.training_step(batch, batch_idx);
+  if (!module.automatic_optimization()) {
+    // The step calls the module's parts itself, unseen: a plain loss.backward() reduces too.
+    ddp_->sync_every_backward();
+    return module.training_step(batch, batch_idx);
+  }
   torch::Tensor loss = module.training_step(batch, batch_idx);
   if (loss.defined()) ddp_->finish_forward(loss);
   return loss;

@@ -21,7 +21,36 @@ GradScaler::GradScaler(GradScalerOptions options) : options_(options), scale_(op
 
 torch::Tensor GradScaler::scale(const torch::Tensor& loss) const { return loss * scale_; }
 
+void GradScaler::backward(const torch::Tensor& loss, const std::function<void(const torch::Tensor&)>& run) {
+  struct Running {
+    explicit Running(std::atomic<int>& count) : count_(count) { ++count_; }
+    ~Running() { --count_; }
+    std::atomic<int>& count_;
+  } running(watch_->scaled_backwards);
+  const auto scaled = scale(loss);
+  if (run) {
+    run(scaled);
+  } else {
+    scaled.backward();
+  }
+}
+
+void GradScaler::watch(const std::vector<torch::Tensor>& parameters) {
+  for (const auto& p : parameters) {
+    if (!p.requires_grad()) continue;
+    auto watch = watch_;
+    // Backward may run on autograd's device threads: the flags are atomic.
+    p.register_hook([watch](const torch::Tensor&) {
+      if (watch->scaled_backwards.load() == 0) watch->unscaled_gradient = true;
+    });
+  }
+}
+
 bool GradScaler::unscale(const std::vector<torch::Tensor>& parameters) const {
+  LOCKSTEP_CHECK(!watch_->unscaled_gradient.load(), UsageError,
+                 "16-mixed: a gradient came from a backward that skipped the loss scaling (loss.backward() "
+                 "instead of fabric.backward(loss)), so unscaling it before the optimizer step would shrink it ",
+                 scale_, " times. Call fabric.backward(loss) for every backward under 16-mixed.");
   torch::NoGradGuard no_grad;
   const double inverse = 1.0 / scale_;
   torch::Tensor found;  // one flag on the gradients' device: a single host sync at the end

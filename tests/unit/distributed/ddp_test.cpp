@@ -196,20 +196,33 @@ TEST(DDP, BroadcastsRankZerosParametersAndBuffersAtConstruction) {
 
 class DDPBuffers : public ::testing::TestWithParam<bool> {};
 
-TEST_P(DDPBuffers, BroadcastBuffersBeforeEachForward) {
+TEST_P(DDPBuffers, BroadcastBuffersBeforeEachTrainingForwardOnly) {
   single_threaded();
   const bool broadcast = GetParam();
   run_ranks(2, [broadcast](ProcessGroup& g) {
-    auto model = torch::nn::BatchNorm1d(3);
+    auto model = torch::nn::BatchNorm1d(torch::nn::BatchNormOptions(3).momentum(0.5));
     DistributedDataParallel ddp(model, g, DDPOptions().broadcast_buffers(broadcast));
+    auto set_running_var = [&](double v) {
+      torch::NoGradGuard no_grad;
+      model->running_var.fill_(v);
+    };
+    // A training forward: rank 0's statistics, then this batch's (variance 0) mixed in by half.
+    set_running_var(g.rank() + 2.0);
+    ddp.forward(torch::ones({2, 3}));
+    const double trained = broadcast ? 1.0 : (g.rank() + 2.0) / 2;
+    EXPECT_TRUE(model->running_var.allclose(torch::full({3}, trained))) << "rank " << g.rank() << ": " << model->running_var;
+    // Evaluation forwards (eval mode, or under NoGradGuard) keep each rank's own, as in PyTorch.
     model->eval();
+    set_running_var(g.rank() + 2.0);
+    ddp.forward(torch::ones({2, 3}));
+    EXPECT_TRUE(model->running_var.eq(g.rank() + 2.0).all().item<bool>()) << "rank " << g.rank() << ": " << model->running_var;
+    model->train();
     {
       torch::NoGradGuard no_grad;
-      model->running_var.fill_(g.rank() + 2.0);
+      ddp.forward(torch::ones({2, 3}));
     }
-    ddp.forward(torch::ones({2, 3}));
-    const double expected = broadcast ? 2.0 : g.rank() + 2.0;
-    EXPECT_TRUE(model->running_var.eq(expected).all().item<bool>()) << "rank " << g.rank() << ": " << model->running_var;
+    EXPECT_TRUE(model->running_var.allclose(torch::full({3}, (g.rank() + 2.0) / 2)))
+        << "rank " << g.rank() << ": " << model->running_var;
   });
 }
 
@@ -539,7 +552,7 @@ TEST(DDP, TraceShowsEarlyBucketsLaunchedBeforeBackwardEnds) {
   });
 }
 
-TEST(DDP, NoCommunicationWithoutGradModeOrOutsideForward) {
+TEST(DDP, NoCommunicationWithoutGradMode) {
   single_threaded();
   run_ranks(2, [](ProcessGroup& g) {
     ParityMlp model;
@@ -548,16 +561,109 @@ TEST(DDP, NoCommunicationWithoutGradModeOrOutsideForward) {
       torch::NoGradGuard no_grad;
       ddp.forward(torch::randn({2, 8}));
     }
-    // A backward through the module itself (not through ddp.forward) stays local.
-    auto x = torch::full({2, 8}, static_cast<float>(g.rank() + 1));
-    model->forward(x).sum().backward();
     EXPECT_EQ(ddp.last_trace().step, 0);
-    auto local = model->fc1->weight.grad().clone();
-    model->zero_grad();
+    auto x = torch::full({2, 8}, static_cast<float>(g.rank() + 1));
     ddp(x).sum().backward();
     EXPECT_EQ(ddp.last_trace().step, 1);
-    EXPECT_FALSE(model->fc1->weight.grad().equal(local)) << "rank " << g.rank();
   });
+}
+
+// A forward that calls the module itself (not the wrapper), then a plain backward: in PyTorch the
+// gradients would stay local without a word. Here every rank refuses it, naming the wrapper; the
+// same after a synchronised step, where it reads as a second backward with the same two causes.
+TEST(DDP, ABackwardThroughTheModuleItselfIsRefusedNotLeftLocal) {
+  single_threaded();
+  for (bool after_a_step : {false, true}) {
+    std::mutex mutex;
+    std::vector<std::string> errors;
+    run_ranks(2, [&](ProcessGroup& g) {
+      ParityMlp model;
+      DistributedDataParallel ddp(model, g);
+      const auto x = torch::full({2, 8}, static_cast<float>(g.rank() + 1));
+      if (after_a_step) ddp(x).sum().backward();
+      try {
+        model->forward(x).sum().backward();
+        ADD_FAILURE() << "rank " << g.rank() << ": a backward that bypassed the wrapper was accepted";
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(mutex);
+        errors.push_back(message_of(e));
+      }
+    }, std::chrono::seconds(20));
+    ASSERT_EQ(errors.size(), 2u);
+    for (const auto& m : errors) {
+      EXPECT_NE(m.find("instead of its wrapper"), std::string::npos) << m;
+      EXPECT_NE(m.find("net->forward(x)"), std::string::npos) << m;
+      EXPECT_NE(m.find("drift apart"), std::string::npos) << m;
+    }
+  }
+}
+
+// Evaluating with BatchNorm on rank 0 alone, under NoGradGuard and after a first step (whose
+// bucket rebuild is then pending), runs no collective: the other rank is meanwhile in a barrier,
+// and both train on afterwards as one.
+TEST(DDP, EvaluatingOnOneRankAloneUnderNoGradDoesNotBlock) {
+  single_threaded();
+  torch::manual_seed(2);
+  run_ranks(2, [](ProcessGroup& g) {
+    torch::nn::Sequential model(torch::nn::Linear(8, 6), torch::nn::BatchNorm1d(6), torch::nn::Linear(6, 1));
+    DistributedDataParallel ddp(model.ptr(), g);
+    torch::optim::SGD opt(ddp.parameters(), 0.1);
+    auto step = [&] {
+      opt.zero_grad();
+      ddp.forward(torch::randn({4, 8}) * (g.rank() + 1)).pow(2).mean().backward();
+      opt.step();
+    };
+    step();
+    if (g.rank() == 0) {
+      model->eval();
+      torch::NoGradGuard no_grad;
+      ddp.forward(torch::randn({3, 8}));
+      model->train();
+    }
+    barrier(g, "evaluated");
+    step();
+    auto params = torch::cat({model->parameters()[0].flatten(), model->parameters().back().flatten()});
+    auto other = params.clone();
+    broadcast_tensor(g, other, 1);
+    EXPECT_TRUE(params.equal(other)) << "rank " << g.rank();
+  }, std::chrono::seconds(8));
+}
+
+// A manually optimised step calls the module's parts itself: after sync_every_backward(), every
+// backward is averaged, here two half losses per step through a branch that some ranks skip
+// (find_unused_parameters, found at the end of each backward): the same as one process.
+TEST(DDP, SyncEveryBackwardAveragesEachBackwardAndFindsUnusedAtItsEnd) {
+  single_threaded();
+  const int world = 2;
+  torch::manual_seed(3);
+  const auto init = clone_all(Branchy()->parameters());
+  const ParityData data(kSteps, world * kPerRank);
+  auto use_head = [](int step, int rank) { return step % 2 == 1 && rank == 0; };
+  const auto expected = train_branchy_reference(init, data, world, use_head);
+  Worst worst;
+  run_ranks(world, [&](ProcessGroup& g) {
+    Branchy model;
+    if (g.rank() == 0) copy_into(model->parameters(), init);
+    DistributedDataParallel ddp(model, g, DDPOptions().find_unused_parameters(true).bucket_cap_mb(0.0005)
+                                              .first_bucket_mb(0.0002));
+    torch::optim::SGD opt(ddp.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    for (int s = 0; s < kSteps; ++s) {
+      ddp.prepare_forward();
+      ddp.sync_every_backward();
+      opt.zero_grad();
+      auto loss = torch::mse_loss(model->forward(data.input(s, g.rank(), kPerRank), use_head(s, g.rank())),
+                                  data.target(s, g.rank(), kPerRank));
+      (loss / 2).backward({}, /*retain_graph=*/true);
+      (loss / 2).backward();
+      if (s == 0) EXPECT_FALSE(model->fc3->weight.grad().defined()) << "no rank used the head";
+      opt.step();
+    }
+    double w = 0;
+    EXPECT_TRUE(parameters_close(model->parameters(), expected, kTolerance, parameter_names(*model), &w))
+        << "rank " << g.rank();
+    worst.update(w);
+  });
+  std::cout << "[ sync_every_backward ] world " << world << ": max |diff| " << worst.value << "\n";
 }
 
 }  // namespace

@@ -124,6 +124,114 @@ TEST(FabricDDP, CustomConfigureDdpAndSeparateDdpTrainAsDdp) {
   EXPECT_LE(max_diff(reference, load_tensors(dir / "separate/params.1.pt")), 1e-6);
 }
 
+// A plain loss.backward() averages the gradients as fabric.backward(loss) does: the module's
+// forward armed the reduction (PyTorch's DDP semantics). 2 ranks equal 1 process on the doubled
+// batch, also when accumulating under no_backward_sync; a second backward through one forward,
+// and a backward through model->forward (the module itself) are refused by name.
+TEST(FabricDDP, PlainBackwardAveragesLikeFabricBackward) {
+  testing::TempDir dir("lockstep_fabric_plain");
+  auto one = run_program(dir / "one", {"--case", "train", "--devices", "1", "--batch-size", "16", "--backward", "plain"});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const auto single = load_tensors(dir / "one/params.0.pt");
+  for (const auto& [name, flags] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"plain", {"--batch-size", "8"}}, {"accumulated", {"--batch-size", "4", "--accumulate", "2"}}}) {
+    auto argv = flags;
+    argv.insert(argv.end(), {"--case", "train", "--devices", "2", "--strategy", "ddp", "--backward", "plain"});
+    auto two = run_program(dir / name, argv);
+    ASSERT_EQ(two.exit_code, 0) << name << ": " << two.err;
+    const auto rank0 = load_tensors(dir / (name + "/params.0.pt"));
+    EXPECT_EQ(max_diff(rank0, load_tensors(dir / (name + "/params.1.pt"))), 0.0) << name << ": the replicas drifted";
+    EXPECT_LE(max_diff(single, rank0), 1e-6) << name;
+  }
+  EXPECT_GT(max_diff(load_tensors(dir / "accumulated/accumulated.0.pt"), load_tensors(dir / "accumulated/accumulated.1.pt")),
+            1e-4) << "the gradients under no_backward_sync must not be reduced";
+  for (const auto& [how, says] : std::vector<std::pair<std::string, std::string>>{
+           {"twice", "a second backward through the same forward"}, {"bypass", "instead of its wrapper"}}) {
+    auto refused = run_program(dir / how, {"--case", "train", "--devices", "2", "--strategy", "ddp", "--backward", how});
+    EXPECT_NE(refused.exit_code, 0) << how;
+    EXPECT_NE(refused.exit_code, -1) << how << ": the job hung";
+    EXPECT_NE(refused.err.find(says), std::string::npos) << how << ":\n" << refused.err;
+    EXPECT_NE(refused.err.find("drift apart"), std::string::npos) << how << ":\n" << refused.err;
+  }
+}
+
+// Two modules and two optimizers in one Fabric (a GAN trained in alternation, the generator's
+// step through the discriminator): 2 ranks equal 1 process on the doubled batch, with
+// fabric.backward and with plain backward.
+TEST(FabricDDP, TwoModulesAndTwoOptimizersEqualOneProcess) {
+  testing::TempDir dir("lockstep_fabric_gan");
+  auto one = run_program(dir / "one", {"--case", "gan", "--devices", "1", "--batch-size", "16"});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const auto single = load_tensors(dir / "one/params.0.pt");
+  ASSERT_EQ(single.size(), 8u) << "the generator's and the discriminator's parameters";
+  for (const char* how : {"fabric", "plain"}) {
+    auto two = run_program(dir / how, {"--case", "gan", "--devices", "2", "--strategy", "ddp", "--batch-size", "8",
+                                       "--backward", how});
+    ASSERT_EQ(two.exit_code, 0) << how << ": " << two.err;
+    const auto rank0 = load_tensors(dir / (std::string(how) + "/params.0.pt"));
+    EXPECT_EQ(max_diff(rank0, load_tensors(dir / (std::string(how) + "/params.1.pt"))), 0.0) << how << ": the replicas drifted";
+    EXPECT_LE(max_diff(single, rank0), 1e-6) << how;
+  }
+}
+
+// Nested no_backward_sync guards restore the state they found; evaluating a BatchNorm model on
+// rank 0 alone under NoGradGuard runs no collective (the other rank waits at a barrier), and the
+// ranks train on as one.
+TEST(FabricDDP, NestedGuardsAndEvaluationOnOneRank) {
+  testing::TempDir dir("lockstep_fabric_module_calls");
+  auto result = run_program(dir.path(), {"--case", "module_calls", "--devices", "2", "--strategy", "ddp"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  std::vector<nlohmann::json> ranks;
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream in(dir / ("module_calls." + std::to_string(r) + ".json"));
+    ASSERT_TRUE(in) << "rank " << r << " wrote nothing\n" << result.err;
+    ranks.push_back(nlohmann::json::parse(in));
+    const auto& j = ranks.back();
+    EXPECT_EQ(j["sync_in_outer"], false) << r;
+    EXPECT_EQ(j["sync_in_inner"], false) << r;
+    EXPECT_EQ(j["sync_after_inner"], false) << r << ": the inner guard must restore the outer one's state";
+    EXPECT_EQ(j["sync_in_disabled"], false) << r << ": a disabled guard changes nothing";
+    EXPECT_EQ(j["sync_after_outer"], true) << r;
+  }
+  EXPECT_EQ(ranks[0]["evaluated"], 3);
+  EXPECT_EQ(ranks[0]["first_weight_sum"], ranks[1]["first_weight_sum"]);
+}
+
+// The calls beside the loop, on 2 processes (tests/programs/fabric_program.cpp, case api).
+TEST(FabricDDP, CallsBesideTheLoopOnTwoProcesses) {
+  testing::TempDir dir("lockstep_fabric_api");
+  auto result = run_program(dir.path(), {"--case", "api", "--devices", "2", "--strategy", "ddp"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream in(dir / ("api." + std::to_string(r) + ".json"));
+    ASSERT_TRUE(in) << "rank " << r << " wrote nothing\n" << result.err;
+    const auto j = nlohmann::json::parse(in);
+    EXPECT_EQ(j["reduced_a"], 3.0) << r;
+    EXPECT_EQ(j["reduced_b"], 10.0) << r;
+    EXPECT_EQ(j["gathered_shapes"], (std::vector<std::vector<int64_t>>{{2, 1}, {2, 2}})) << r;
+    EXPECT_EQ(j["gathered"], (std::vector<double>{0, 1})) << r;
+    EXPECT_EQ(j["broadcast"], (std::vector<double>{6, 6})) << r << ": rank 1's";
+    EXPECT_EQ(j["subgroup_member"], r == 1);
+    EXPECT_EQ(j["group_sum"], 5.0) << r;
+    if (r == 1) EXPECT_EQ(j["alone_sum"], 3.0) << "a group of rank 1 alone sums its own value";
+    // Each rank's slice r is weighted [r-th row] on both ranks: the gradient is twice that row.
+    EXPECT_EQ(j["gather_grad"], (r == 0 ? std::vector<double>{2, 4} : std::vector<double>{6, 8})) << r;
+    EXPECT_EQ(j["first"], "prepared by rank 0") << r << ": rank 0 must have run first";
+    EXPECT_EQ(j["init_device"], "cpu");
+    EXPECT_EQ(j["init_dtype"], "Float");
+    EXPECT_EQ(j["filtered_keys"], (std::vector<std::string>{"fc1.weight", "fc1.bias"})) << r;
+    EXPECT_EQ(j["strict_error"], true) << r << ": a strict load names the missing key";
+    EXPECT_EQ(j["non_strict_fc1_equal"], true) << r;
+    EXPECT_EQ(j["non_strict_left_value"], -1) << r << ": a key the checkpoint lacks is left as it was";
+    EXPECT_EQ(j["raw_equal"], true) << r;
+    EXPECT_EQ(j["callback_calls"], (std::vector<int64_t>{7})) << r;
+    EXPECT_EQ(j["torch_data_batches"], 4) << r << ": 64 examples, 32 per rank, batches of 8";
+    EXPECT_EQ(j["whole_batches"], 8) << r << ": without the distributed sampler each rank reads all 64";
+    EXPECT_EQ(j["to_device"], "cpu");
+    EXPECT_EQ(j["accelerator"], "cpu");
+  }
+}
+
 TEST(FabricDDP, SaveOnTwoRanksWritesOneCheckpointOfRankZero) {
   testing::TempDir dir("lockstep_fabric_save");
   auto result = run_program(dir / "run", {"--case", "train", "--devices", "2", "--save", dir / "run/fabric.ckpt"});

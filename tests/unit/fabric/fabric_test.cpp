@@ -3,8 +3,10 @@
 // fabric_ddp_test.cpp.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include <torch/torch.h>
 
@@ -58,7 +60,7 @@ TEST(Fabric, EveryCallBeforeLaunchNamesLaunch) {
   auto net = seeded_net();
   for (const auto& call : std::vector<std::function<void()>>{
            [&] { fabric.setup(net, sgd(*net)); }, [&] { fabric.global_rank(); }, [&] { fabric.barrier("x"); },
-           [&] { fabric.backward(torch::ones({})); }, [&] { fabric.autocast(); }}) {
+           [&] { fabric.backward(torch::ones({})); }, [&] { auto scope = fabric.autocast(); }}) {
     try {
       call();
       ADD_FAILURE() << "no error before launch()";
@@ -116,7 +118,34 @@ TEST(Fabric, SetupWrapsOneModuleAndBackwardGivesTheGradientsOfLossBackward) {
   EXPECT_TRUE(optimizer.step());
   EXPECT_GT(max_diff(plain->parameters(), net->parameters()), 1e-4) << "the step must move the parameters";
   optimizer.zero_grad();
-  EXPECT_THROW(fabric.setup(seeded_net(), sgd(*net)), UsageError) << "a second module";
+}
+
+// Several modules and optimizers: setup(module, opt1, opt2) binds them in order, setup_module
+// and setup_optimizers apart; `optimizer->step()` steps the wrapped optimizer as step() does.
+TEST(Fabric, SetupTakesSeveralModulesAndOptimizers) {
+  Fabric fabric(one_process());
+  fabric.launch();
+  auto student = seeded_net();
+  auto teacher = seeded_net();
+  auto first = sgd(*student);
+  auto second = std::make_shared<torch::optim::Adam>(student->parameters(), 1e-3);
+  auto [model, opt_a, opt_b] = fabric.setup(student, first, second);
+  EXPECT_EQ(opt_a.optimizer(), first);
+  EXPECT_EQ(opt_b.optimizer(), second);
+  auto frozen = fabric.setup_module(teacher);
+  auto [opt_c, opt_d] = fabric.setup_optimizers(sgd(*teacher), sgd(*teacher));
+  EXPECT_NE(opt_c.optimizer(), opt_d.optimizer());
+  const auto x = testing::regression_data(8)->get_batch({0, 1, 2, 3}).data;
+  torch::Tensor target;
+  {
+    torch::NoGradGuard no_grad;
+    target = frozen(x);
+  }
+  const auto before = student->parameters()[0].clone();
+  fabric.backward(torch::mse_loss(model(x), target + 1.0));
+  EXPECT_TRUE(opt_a->step());
+  EXPECT_FALSE(student->parameters()[0].equal(before)) << "optimizer->step() must step";
+  EXPECT_FALSE(teacher->parameters()[0].grad().defined()) << "the teacher took no part";
 }
 
 TEST(Fabric, NoBackwardSyncAccumulationEqualsTheWholeBatch) {
@@ -159,6 +188,42 @@ TEST(Fabric, ClipGradientsBoundsTheNormAndReturnsItsValueBefore) {
   fabric.clip_gradients_value(optimizer, 0.01);
   for (const auto& g : grads(*net)) EXPECT_LE(g.abs().max().item<double>(), 0.01 + 1e-9);
   EXPECT_THROW(fabric.clip_gradients(optimizer, 0.0), UsageError);
+}
+
+// Lightning's error_if_nonfinite (default true): an inf gradient norm is an error of kind
+// training that leaves the gradients as they were; with false they are clipped anyway.
+TEST(Fabric, ClipGradientsRefusesANonFiniteNormByDefault) {
+  auto net = seeded_net();
+  Fabric fabric(one_process());
+  fabric.launch();
+  auto [model, optimizer] = fabric.setup(net, sgd(*net));
+  fabric.backward(model(torch::ones({2, 8})).sum());
+  net->fc1->weight.grad()[0][0] = std::numeric_limits<float>::infinity();
+  const auto before = grads(*net);
+  try {
+    fabric.clip_gradients(optimizer, 1.0);
+    ADD_FAILURE() << "an inf norm was clipped";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::training);
+    EXPECT_NE(std::string(e.what()).find("error_if_nonfinite = false"), std::string::npos) << e.what();
+  }
+  for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(before[i].equal(grads(*net)[i])) << "gradient " << i;
+  EXPECT_TRUE(std::isinf(fabric.clip_gradients(optimizer, 1.0, 2.0, /*error_if_nonfinite=*/false).item<double>()));
+}
+
+// init_module makes the parameters in the precision's dtype; logger() is the first logger added.
+TEST(Fabric, InitModuleAndLogger) {
+  Fabric fabric(one_process().precision("64-true"));
+  fabric.launch();
+  auto net = fabric.init_module([] { return std::make_shared<Net>(); });
+  for (const auto& p : net->parameters()) EXPECT_EQ(p.scalar_type(), torch::kFloat64);
+  EXPECT_EQ(torch::ones({1}).scalar_type(), torch::kFloat32) << "the default dtype is restored";
+  EXPECT_EQ(fabric.accelerator(), accelerators::Accelerator::cpu);
+  EXPECT_THROW(fabric.logger(), UsageError);
+  testing::TempDir dir("lockstep_fabric_logger");
+  auto csv = std::make_shared<loggers::CSVLogger>(loggers::LoggerOptions(dir.path()));
+  fabric.add_logger(csv);
+  EXPECT_EQ(&fabric.logger(), csv.get());
 }
 
 TEST(Fabric, AutocastFollowsThePrecision) {

@@ -27,6 +27,33 @@ TEST(GradScaler, ScalesTheLossAndUnscalesTheGradients) {
   EXPECT_TRUE(torch::equal(b.grad(), torch::tensor({0.5f})));
 }
 
+// backward() scales the loss; a watched parameter whose gradient came from a backward that skipped
+// the scaling (a plain loss.backward()) makes unscale a UsageError naming the fix, where it would
+// otherwise have divided true gradients by the scale.
+TEST(GradScaler, AGradientThatSkippedTheScalingIsRefusedAtUnscale) {
+  for (bool scaled : {true, false}) {
+    GradScaler scaler(GradScalerOptions().init_scale(8));
+    auto w = torch::full({2}, 3.0, torch::requires_grad());
+    scaler.watch({w});
+    const auto loss = (w * torch::tensor({1.0f, 2.0f})).sum();
+    if (scaled) {
+      scaler.backward(loss);
+      EXPECT_TRUE(torch::equal(w.grad(), torch::tensor({8.0f, 16.0f})));
+      EXPECT_TRUE(scaler.unscale({w}));
+      EXPECT_TRUE(torch::equal(w.grad(), torch::tensor({1.0f, 2.0f})));
+      continue;
+    }
+    loss.backward();
+    try {
+      scaler.unscale({w});
+      ADD_FAILURE() << "an unscaled gradient was unscaled";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("fabric.backward(loss)"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(torch::equal(w.grad(), torch::tensor({1.0f, 2.0f}))) << "the gradients must be left as they were";
+  }
+}
+
 // An inf or a NaN anywhere: the step is skipped and the scale halves; the count toward growth
 // starts again.
 TEST(GradScaler, AnInjectedInfOrNanHalvesTheScaleAndRestartsTheCount) {

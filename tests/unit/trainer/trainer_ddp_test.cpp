@@ -99,6 +99,22 @@ TEST_F(TrainerDDP, TwoRanksEqualOneProcessOnTheFullBatch) {
   }
 }
 
+// Manual optimisation whose training_step calls loss.backward() itself (once, or twice on half
+// the loss): the gradients are averaged as with manual_backward, and 2 ranks equal 1 process on
+// the doubled batch. The Trainer cannot see the step's forwards, so every backward in the step
+// is synchronised.
+TEST_F(TrainerDDP, ManualOptimisationWithPlainBackwardEqualsOneProcess) {
+  auto single = run("manual_single", {"--manual", "plain", "--adam", "--devices", "1", "--batch-size", "16", "--max-epochs", "2"});
+  ASSERT_EQ(single.size(), 1u);
+  for (const char* how : {"plain", "twice", "manual_backward"}) {
+    auto ddp = run(std::string("manual_") + how, {"--manual", how, "--adam", "--devices", "2", "--strategy", "ddp",
+                                                  "--batch-size", "8", "--max-epochs", "2"});
+    ASSERT_EQ(ddp.size(), 2u) << how << ": both ranks must write their parameters";
+    EXPECT_EQ(max_diff(ddp[0], ddp[1]), 0.0) << how << ": replicas diverged";
+    EXPECT_LE(max_diff(ddp[0], single[0]), 1e-6) << how;
+  }
+}
+
 // ddp_fork: rank 1 is forked from rank 0 inside fit() instead of re-executed; the job is the same.
 TEST_F(TrainerDDP, ForkedRanksTrainLikeReexecutedOnes) {
   const std::vector<std::string> flags{"--devices", "2", "--batch-size", "8", "--max-epochs", "2"};
