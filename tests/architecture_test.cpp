@@ -25,9 +25,9 @@ const std::vector<std::vector<std::string>> kLayers = {
     {"distributed"},                              // process groups, collectives, DDP
     {"environments", "launchers", "accelerators"},  // where each process sits, how it starts
     {"strategies"},                               // single, ddp, ddp_separate
+    {"plan"},                                     // options + environment -> one plan; precision, GradScaler
     {"loggers", "callbacks"},                     // see the Trainer through TrainerView
-    {"trainer"},                                  // orchestration
-    {"fabric"},                                   // your own loop on the trainer's connector and precision
+    {"trainer", "fabric"},                        // siblings on one plan: the Trainer's loops, your own loop
     {"cli"},                                      // flags and the guarded main
 };
 

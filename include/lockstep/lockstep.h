@@ -57,6 +57,6 @@
 #include <lockstep/strategies/registry.h>
 #include <lockstep/strategies/separate_ddp_strategy.h>
 #include <lockstep/strategies/strategy.h>
-#include <lockstep/trainer/connector.h>
+#include <lockstep/plan/connector.h>
 #include <lockstep/trainer/trainer.h>
 #include <lockstep/trainer/trainer_options.h>

@@ -8,7 +8,7 @@
 #include <lockstep/core/blas.h>
 #include <lockstep/distributed/network_route.h>
 #include <lockstep/environments/cluster_environment.h>
-#include <lockstep/trainer/connector.h>
+#include <lockstep/plan/connector.h>
 
 #include "commands.h"
 

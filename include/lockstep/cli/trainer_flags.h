@@ -6,16 +6,24 @@
 #include <CLI/CLI.hpp>
 
 #include <lockstep/fabric/fabric_options.h>
+#include <lockstep/plan/plan_options.h>
 #include <lockstep/trainer/trainer_options.h>
 
 namespace lockstep {
 namespace cli {
 
+/// Adds the PlanOptions fields (--accelerator, --devices, --strategy, --num-nodes, --precision,
+/// ...) to `app`, each with its LOCKSTEP_TRAINER_<FLAG> variable: the flags the Trainer and Fabric
+/// share, registered here once.
+void add_plan_flags(CLI::App& app, PlanOptions& options);
+
 /// Adds every TrainerOptions field to `app` as a flag with its LOCKSTEP_TRAINER_<FLAG> variable.
+/// Counts and fractions (--limit-train-batches) are parsed as they are read: a bad value is exit
+/// code 2 from parse_or_exit_code, before any process starts.
 void add_trainer_flags(CLI::App& app, TrainerOptions& options);
 
-/// Adds the FabricOptions fields to `app` with the Trainer's flag names and variables, and
-/// --seed, which seeds every generator when it is read (as the Trainer's does) and sets `seed`.
+/// Adds the FabricOptions fields (the plan's flags) to `app`, and --seed, which seeds every
+/// generator when it is read (as the Trainer's does) and sets `seed`.
 void add_fabric_flags(CLI::App& app, FabricOptions& options, int64_t& seed);
 
 /// Runs `app.parse`, printing help (exit 0) or a parse error with a hint (exit 2). Returns -1

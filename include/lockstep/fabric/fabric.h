@@ -31,8 +31,8 @@
 #include <lockstep/launchers/launcher.h>
 #include <lockstep/loggers/logger.h>
 #include <lockstep/strategies/strategy.h>
-#include <lockstep/trainer/connector.h>
-#include <lockstep/trainer/grad_scaler.h>
+#include <lockstep/plan/connector.h>
+#include <lockstep/plan/grad_scaler.h>
 
 namespace lockstep {
 

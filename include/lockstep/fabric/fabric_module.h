@@ -16,8 +16,8 @@
 #include <lockstep/distributed/output_tensors.h>
 #include <lockstep/strategies/strategy.h>
 #include <lockstep/strategies/wrapped_module.h>
-#include <lockstep/trainer/grad_scaler.h>
-#include <lockstep/trainer/precision.h>
+#include <lockstep/plan/grad_scaler.h>
+#include <lockstep/plan/precision.h>
 
 namespace lockstep {
 

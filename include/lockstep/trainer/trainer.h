@@ -17,8 +17,8 @@
 #include <lockstep/data/data_loader.h>
 #include <lockstep/distributed/agreed_stop.h>
 #include <lockstep/strategies/strategy.h>
-#include <lockstep/trainer/connector.h>
-#include <lockstep/trainer/grad_scaler.h>
+#include <lockstep/plan/connector.h>
+#include <lockstep/plan/grad_scaler.h>
 #include <lockstep/trainer/metrics.h>
 #include <lockstep/trainer/trainer_options.h>
 

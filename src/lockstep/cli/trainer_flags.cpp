@@ -8,6 +8,7 @@
 
 #include <torch/version.h>
 
+#include <lockstep/core/error.h>
 #include <lockstep/core/seed.h>
 
 extern char** environ;
@@ -116,17 +117,44 @@ void add_seed_flag(CLI::App& app, int64_t& stored) {
       ->check(CLI::Range(int64_t{-1}, std::numeric_limits<int64_t>::max()));
 }
 
+// A count-or-fraction flag, parsed as it is read: a bad value is exit 2 before anything starts.
+CLI::Option* add_limit(CLI::App& app, const std::string& flag, BatchLimit& value, const std::string& help) {
+  return app
+      .add_option_function<std::string>(
+          flag,
+          [&value, flag](const std::string& text) {
+            try {
+              value = BatchLimit::parse(text, flag);
+            } catch (const UsageError& e) {
+              throw CLI::ValidationError(e.what());
+            }
+          },
+          help)
+      ->envname(variable_for(flag))
+      ->default_str(value.str());
+}
+
 }  // namespace
+
+void add_plan_flags(CLI::App& app, PlanOptions& o) {
+  add(app, "--accelerator", o.accelerator(), "auto|cpu|cuda|gpu");
+  add(app, "--devices", o.devices(), "auto, a count N, -1 (all GPUs), or GPU ids \"0,2\"");
+  add(app, "--strategy", o.strategy(), "auto|single_device|ddp|ddp_fork|ddp_separate|ddp_find_unused_parameters_true|...");
+  add(app, "--auto-select-gpus", o.auto_select_gpus(), "true|false: with a device count on cuda, pick free GPUs");
+  add(app, "--num-nodes", o.num_nodes(), "nodes in the job")->check(CLI::Range(1, 1 << 20));
+  add(app, "--precision", o.precision(), "32-true|64-true|bf16-mixed|16-mixed");
+  add(app, "--sync-batchnorm", o.sync_batchnorm(), "true|false: SyncBatchNorm under DDP");
+  add(app, "--process-group-backend", o.process_group_backend(), "gloo (the backends this build can create)");
+  add(app, "--timeout", o.timeout(), "seconds a collective may block before it fails")->check(CLI::Range(0.001, 1e9));
+  add(app, "--distributed-debug", o.distributed_debug(), "off|detail: the ranks compare each collective's call first");
+  add(app, "--max-restarts", o.max_restarts(), "self-launch: start the job again after a failure, up to N times")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+}
 
 void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
   auto* group = app.add_option_group("Trainer", "Trainer flags (each also LOCKSTEP_TRAINER_<FLAG>)");
   auto& g = *group;
-  add(g, "--accelerator", o.accelerator(), "auto|cpu|cuda|gpu");
-  add(g, "--devices", o.devices(), "auto, a count N, -1 (all GPUs), or GPU ids \"0,2\"");
-  add(g, "--strategy", o.strategy(), "auto|single_device|ddp|ddp_fork|ddp_find_unused_parameters_true|...");
-  add(g, "--auto-select-gpus", o.auto_select_gpus(), "true|false: with a device count on cuda, pick free GPUs");
-  add(g, "--num-nodes", o.num_nodes(), "nodes in the job")->check(CLI::Range(1, 1 << 20));
-  add(g, "--precision", o.precision(), "32-true|64-true|bf16-mixed|16-mixed");
+  add_plan_flags(g, o);
   add(g, "--max-epochs", o.max_epochs(), "stop after this many epochs (-1: 1000 unless --max-steps)")
       ->check(CLI::Range(int64_t{-1}, int64_t{1} << 40));
   add(g, "--max-steps", o.max_steps(), "stop after this many optimizer steps (-1: no limit)")
@@ -140,12 +168,11 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
   add(g, "--deterministic", o.deterministic(), "true|false: deterministic algorithms only");
   add(g, "--default-root-dir", o.default_root_dir(), "where logs and checkpoints go");
   add(g, "--ckpt-path", o.ckpt_path(), "checkpoint to resume from, or 'last'");
-  add(g, "--sync-batchnorm", o.sync_batchnorm(), "true|false: SyncBatchNorm under DDP");
-  add(g, "--limit-train-batches", o.limit_train_batches(), "fraction (0.25) or count (10) of training batches");
-  add(g, "--limit-val-batches", o.limit_val_batches(), "fraction or count of validation batches");
-  add(g, "--limit-test-batches", o.limit_test_batches(), "fraction or count of test batches");
-  add(g, "--val-check-interval", o.val_check_interval(),
-      "validate every fraction (0.25) of the epoch or every N (100) training batches");
+  add_limit(g, "--limit-train-batches", o.limit_train_batches(), "fraction (0.25) or count (10) of training batches");
+  add_limit(g, "--limit-val-batches", o.limit_val_batches(), "fraction or count of validation batches");
+  add_limit(g, "--limit-test-batches", o.limit_test_batches(), "fraction or count of test batches");
+  add_limit(g, "--val-check-interval", o.val_check_interval(),
+            "validate every fraction (0.25) of the epoch or every N (100) training batches");
   add(g, "--check-val-every-n-epoch", o.check_val_every_n_epoch(), "validate every N epochs")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   add(g, "--num-sanity-val-steps", o.num_sanity_val_steps(), "validation batches before training")
@@ -155,12 +182,6 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
   add(g, "--enable-progress-bar", o.enable_progress_bar(), "true|false");
   add(g, "--enable-checkpointing", o.enable_checkpointing(), "true|false");
   add(g, "--use-distributed-sampler", o.use_distributed_sampler(), "true|false");
-  add(g, "--process-group-backend", o.process_group_backend(), "gloo (the backends this build can create)");
-  add(g, "--timeout", o.timeout(), "seconds a collective may block before it fails")
-      ->check(CLI::Range(0.001, 1e9));
-  add(g, "--distributed-debug", o.distributed_debug(), "off|detail: the ranks compare each collective's call first");
-  add(g, "--max-restarts", o.max_restarts(), "self-launch: start the job again after a failure, up to N times")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   add(g, "--detect-anomaly", o.detect_anomaly(), "true|false: autograd anomaly mode (names the op that made a NaN)");
   add(g, "--benchmark", o.benchmark(), "true|false: cudnn.benchmark (CUDA; no effect on the CPU)");
   add(g, "--profiler", o.profiler(), "true|false: print time per hook at the end");
@@ -169,13 +190,7 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
 
 void add_fabric_flags(CLI::App& app, FabricOptions& o, int64_t& seed) {
   auto& g = *app.add_option_group("Fabric", "Fabric flags (each also LOCKSTEP_TRAINER_<FLAG>)");
-  add(g, "--accelerator", o.accelerator(), "auto|cpu|cuda|gpu");
-  add(g, "--devices", o.devices(), "auto, a count N, -1 (all GPUs), or GPU ids \"0,2\"");
-  add(g, "--strategy", o.strategy(), "auto|single_device|ddp|ddp_fork|ddp_separate|...");
-  add(g, "--num-nodes", o.num_nodes(), "nodes in the job")->check(CLI::Range(1, 1 << 20));
-  add(g, "--precision", o.precision(), "32-true|64-true|bf16-mixed|16-mixed");
-  add(g, "--process-group-backend", o.process_group_backend(), "gloo (the backends this build can create)");
-  add(g, "--timeout", o.timeout(), "seconds a collective may block before it fails")->check(CLI::Range(0.001, 1e9));
+  add_plan_flags(g, o);
   add_seed_flag(g, seed);
   add_retired_flags(app);
 }

@@ -17,22 +17,6 @@
 #include <lockstep/environments/cluster_environment.h>
 
 namespace lockstep {
-namespace {
-
-// The connector reads TrainerOptions; Fabric has the fields that decide where processes run.
-TrainerOptions connector_options(const FabricOptions& o) {
-  return TrainerOptions()
-      .accelerator(o.accelerator())
-      .devices(o.devices())
-      .strategy(o.strategy())
-      .num_nodes(o.num_nodes())
-      .precision(o.precision())
-      .process_group_backend(o.process_group_backend())
-      .timeout(o.timeout());
-}
-
-}  // namespace
-
 NoBackwardSync::NoBackwardSync(strategies::WrappedModule& module, bool enabled)
     : module_(module), enabled_(enabled), previous_(module.gradient_sync()) {
   if (enabled_) module_.set_gradient_sync(false);
@@ -65,7 +49,7 @@ void Fabric::add_logger(std::shared_ptr<loggers::Logger> logger) {
 void Fabric::launch() {
   LOCKSTEP_CHECK(!plan_, UsageError, "Fabric::launch() was called twice; call it once, before setup.");
   core::warn_if_reference_blas();
-  plan_ = lockstep::launch(resolve_plan(connector_options(options_), environments::Environ::from_process(),
+  plan_ = lockstep::launch(resolve_plan(options_, environments::Environ::from_process(),
                                         user_strategy_, accelerators::cuda_device_count()));
   if (plan_->precision.scales_loss()) scaler_ = std::make_unique<GradScaler>();
 }
@@ -323,7 +307,7 @@ c10::impl::GenericDict Fabric::load(const std::string& path, FabricState& state,
   for (auto& [key, entry] : state) {
     if (!ckpt.contains(key)) continue;  // only without strict
     restore(path, key, ckpt.at(key), entry, strict);
-    ckpt.erase(key);
+    (void)ckpt.erase(key);
   }
   return ckpt;
 }

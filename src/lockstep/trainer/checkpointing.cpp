@@ -100,7 +100,7 @@ std::string Trainer::why_nothing_trained(int64_t epoch, int64_t max_epochs) cons
     return (from.empty() ? std::string("") : from + "already reaches ") + "--max-steps " +
            std::to_string(options_.max_steps()) + ". Raise --max-steps to train.";
   }
-  return "the loader gave no training batch (--limit-train-batches " + options_.limit_train_batches() +
+  return "the loader gave no training batch (--limit-train-batches " + options_.limit_train_batches().str() +
          ", " + std::to_string(num_training_batches_) + " batch(es)). Check the dataset and the limit.";
 }
 

@@ -14,7 +14,6 @@
 
 namespace lockstep {
 
-using detail::limit_batches;
 
 torch::Tensor Trainer::run_step(const std::function<torch::Tensor()>& step) {
   Precision::StepScope scope(plan_.precision);
@@ -117,7 +116,7 @@ void Trainer::run_training_epoch(DataLoader& train, DataLoader* val) {
   module_->train();
   metrics_.begin_epoch(Phase::train);
   // Before the hooks, so that callbacks (the progress bar) know the epoch's length.
-  num_training_batches_ = limit_batches(options_.limit_train_batches(), train.num_batches(), "limit-train-batches");
+  num_training_batches_ = options_.limit_train_batches().of(train.num_batches());
   module_->on_train_epoch_start();
   each_callback("on_train_epoch_start", [&](Callback& c) { c.on_train_epoch_start(*this, *module_); });
   const int64_t accumulate = options_.accumulate_grad_batches();
@@ -200,7 +199,7 @@ void Trainer::run_training_epoch(DataLoader& train, DataLoader* val) {
 }
 
 void Trainer::run_validation(DataLoader& val) {
-  num_val_batches_ = limit_batches(options_.limit_val_batches(), val.num_batches(), "limit-val-batches");
+  num_val_batches_ = options_.limit_val_batches().of(val.num_batches());
   run_evaluation(val, Phase::validation, num_val_batches_);
 }
 

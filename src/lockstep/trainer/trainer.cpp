@@ -31,7 +31,6 @@
 namespace lockstep {
 namespace {
 
-using detail::limit_batches;
 
 std::shared_ptr<DataLoader> stage_loader(std::shared_ptr<DataLoader> loader, const std::string& hook) {
   if (!loader) {
@@ -41,33 +40,22 @@ std::shared_ptr<DataLoader> stage_loader(std::shared_ptr<DataLoader> loader, con
   return loader;
 }
 
-// Lightning's val_check_batch: validate after every this many training batches of an epoch.
-// "0.25" is a fraction of the epoch's `batches`, "10" a count; both must fit in the epoch.
-int64_t resolve_val_check_batch(const std::string& interval, int64_t batches) {
-  const auto parsed = whole_number(interval);
-  const double value = parsed.value_or(0);
-  if (!parsed || !std::isfinite(value)) {
-    throw UsageError("--val-check-interval '" + interval +
-                     "' is neither a fraction of the training epoch (0.25) nor a number of training batches (100).");
+// Lightning's val_check_batch: validate after every this many training batches of an epoch: a
+// fraction of the epoch's `batches` or a count; both must fit in the epoch.
+int64_t resolve_val_check_batch(const BatchLimit& interval, int64_t batches) {
+  if (interval.is_fraction()) {
+    LOCKSTEP_CHECK(interval.fraction() > 0, UsageError, "--val-check-interval ", interval.str(), ": a fraction of the ",
+                   "training epoch must be in (0, 1] (e.g. 0.25 validates four times an epoch); for every N batches ",
+                   "write an integer. To skip validation use --limit-val-batches 0.");
+    return std::max<int64_t>(1, interval.of(batches));
   }
-  if (interval.find_first_of(".eE") != std::string::npos) {
-    if (value <= 0 || value > 1.0) {
-      throw UsageError("--val-check-interval " + interval + ": a fraction of the training epoch must be in (0, 1] "
-                       "(e.g. 0.25 validates four times an epoch); for every N batches write an integer. To skip "
-                       "validation use --limit-val-batches 0.");
-    }
-    return std::max<int64_t>(1, static_cast<int64_t>(std::floor(value * static_cast<double>(batches))));
-  }
-  if (value < 1) {
-    throw UsageError("--val-check-interval " + interval + ": a number of training batches must be at least 1 "
-                     "(e.g. 100, or a fraction such as 0.5). To skip validation use --limit-val-batches 0.");
-  }
-  if (batches > 0 && value > static_cast<double>(batches)) {
-    throw UsageError("--val-check-interval " + interval + " but a training epoch has only " + std::to_string(batches) +
-                     " batch(es) (after --limit-train-batches and the sampler). Use at most " +
-                     std::to_string(batches) + ", or a fraction such as 0.5.");
-  }
-  return static_cast<int64_t>(value);
+  LOCKSTEP_CHECK(interval.count() >= 1, UsageError, "--val-check-interval ", interval.str(), ": a number of training ",
+                 "batches must be at least 1 (e.g. 100, or a fraction such as 0.5). To skip validation use "
+                 "--limit-val-batches 0.");
+  LOCKSTEP_CHECK(batches == 0 || interval.count() <= batches, UsageError, "--val-check-interval ", interval.str(),
+                 " but a training epoch has only ", batches, " batch(es) (after --limit-train-batches and the ",
+                 "sampler). Use at most ", batches, ", or a fraction such as 0.5.");
+  return interval.count();
 }
 
 template <typename T>
@@ -153,6 +141,8 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
   if (!module) throw UsageError("Trainer: the module is null; pass a std::shared_ptr to your TrainingModule.");
   if (!set_up_) {
     check_resume_source();
+    LOCKSTEP_CHECK(options_.accumulate_grad_batches() >= 1, UsageError, "--accumulate-grad-batches ",
+                   options_.accumulate_grad_batches(), ": use 1 or more.");
     core::warn_if_reference_blas();
     if (options_.seed() >= 0) seed_everything(static_cast<uint64_t>(options_.seed()));
     if (options_.deterministic()) at::globalContext().setDeterministicAlgorithms(true, false);
@@ -253,7 +243,7 @@ void Trainer::run_fit(const std::shared_ptr<TrainingModule>& module, const std::
                      ": use 1 or more (1 validates every epoch). To skip validation use --limit-val-batches 0.");
   }
   // Checked before any hook runs, so that a bad interval stops the run before it writes anything.
-  num_training_batches_ = limit_batches(options_.limit_train_batches(), train->num_batches(), "limit-train-batches");
+  num_training_batches_ = options_.limit_train_batches().of(train->num_batches());
   val_check_batch_ = resolve_val_check_batch(options_.val_check_interval(), num_training_batches_);
   // From here every rank stops at the same step when one is signalled or gets a loss that is not
   // finite; the previous signal handlers come back when fit ends.
@@ -308,7 +298,7 @@ std::map<std::string, double> Trainer::validate(const std::shared_ptr<TrainingMo
   if (!loader) throw UsageError("Trainer::validate needs a DataLoader; it was null.");
   setup(module);
   attach_sampler(*loader, false);
-  num_val_batches_ = limit_batches(options_.limit_val_batches(), loader->num_batches(), "limit-val-batches");
+  num_val_batches_ = options_.limit_val_batches().of(loader->num_batches());
   return run_evaluation(*loader, Phase::validation, num_val_batches_);
 }
 
@@ -318,7 +308,7 @@ std::map<std::string, double> Trainer::test(const std::shared_ptr<TrainingModule
   setup(module);
   attach_sampler(*loader, false);
   return run_evaluation(*loader, Phase::test,
-                        limit_batches(options_.limit_test_batches(), loader->num_batches(), "limit-test-batches"));
+                        options_.limit_test_batches().of(loader->num_batches()));
 }
 
 std::vector<torch::Tensor> Trainer::predict(const std::shared_ptr<TrainingModule>& module,

@@ -134,7 +134,7 @@ TEST_F(EarlyStoppingTest, ChecksEachValidationWithinTheEpochAndStopsThere) {
   };
   auto stopper = std::make_shared<EarlyStopping>(EarlyStoppingOptions("val_score").patience(1));
   auto model = std::make_shared<ScorePerValidation>();
-  Trainer trainer(options(3).val_check_interval("1"));
+  Trainer trainer(options(3).val_check_interval(1));
   trainer.add_callback(stopper);
   trainer.fit(model, std::make_shared<DataLoader>(regression_data(64), DataLoaderOptions(16)),
               std::make_shared<DataLoader>(regression_data(16, 8, 9), DataLoaderOptions(16)));

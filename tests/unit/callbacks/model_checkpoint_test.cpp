@@ -208,7 +208,7 @@ struct ScorePerStep : testing::Regressor {
 TEST_F(ModelCheckpointTest, ValidationWithinTheEpochSavesAfterEachValidation) {
   auto checkpoint = std::make_shared<ModelCheckpoint>(
       ModelCheckpointOptions().dirpath((root / "ckpts").string()).monitor("val_score").save_top_k(2));
-  Trainer trainer(options(2).val_check_interval("1"));  // 2 batches an epoch: validates after each
+  Trainer trainer(options(2).val_check_interval(1));  // 2 batches an epoch: validates after each
   trainer.add_callback(checkpoint);
   fit(trainer, std::make_shared<ScorePerStep>(std::vector<double>{0.5, 0.9, 0.2, 0.8}));
   EXPECT_EQ(files(root / "ckpts"), (std::set<std::string>{"epoch=0-step=1.ckpt", "epoch=1-step=3.ckpt"}));

@@ -107,10 +107,10 @@ TEST_F(TrainerBadInput, EveryCaseExitsTwoAndNamesTheFix) {
       {{}, {{"RANK", "abc"}, {"WORLD_SIZE", "2"}}, "RANK=abc"},
       {{"--devices", "2", "--num-nodes", "2"}, slurm_job(), "Use --devices 4"},
       {{"--val-check-interval", "0"}, {}, "To skip validation use --limit-val-batches 0"},
-      {{"--val-check-interval", "1.5"}, {}, "for every N batches write an integer"},
+      {{"--val-check-interval", "1.5"}, {}, "for a count write an integer"},
       {{"--val-check-interval", "9"}, {}, "Use at most 8, or a fraction such as 0.5"},
-      {{"--val-check-interval", "often"}, {}, "nor a number of training batches (100)"},
-      {{}, {{"LOCKSTEP_TRAINER_VAL_CHECK_INTERVAL", "-2"}}, "must be at least 1"},
+      {{"--val-check-interval", "often"}, {}, "neither a fraction (0.25) nor a batch count (10)"},
+      {{}, {{"LOCKSTEP_TRAINER_VAL_CHECK_INTERVAL", "-2"}}, "must be 0 or more"},
       {{"--auto-select-gpus", "maybe"}, {}, "--auto-select-gpus"},
       {{"--accelerator", "cuda", "--auto-select-gpus", "true"}, {}, "--accelerator cpu"},
   };
@@ -148,6 +148,27 @@ TEST_F(TrainerBadInput, ABadCheckpointPathIsReportedOnceBeforeAnythingIsCreated)
     EXPECT_EQ(result.err.find("error:", first + 1), std::string::npos) << ckpt << ": said twice: " << result.err;
     EXPECT_FALSE(std::filesystem::exists(root + "/lockstep_logs")) << ckpt << ": a run folder was made";
     std::filesystem::remove_all(root);
+  }
+}
+
+// A bad count or fraction is refused as the flag is read, in the process the user started: one
+// message, before any worker is launched or any run folder made.
+TEST_F(TrainerBadInput, ABadBatchLimitExitsTwoBeforeAWorkerStarts) {
+  const std::string d = dir.string();
+  for (const std::string& flag : {"--limit-train-batches", "--limit-val-batches", "--val-check-interval"}) {
+    const std::string root = d + "/fresh";
+    auto result = testing::run_command(
+        {std::string(LOCKSTEP_BIN_DIR) + "/../tests/trainer_program", "--out", d, "--default-root-dir", root,
+         "--max-epochs", "1", "--devices", "2", "--strategy", "ddp", flag, "lots"},
+        {{"PATH", "/usr/bin:/bin"}, {"LOCKSTEP_NO_BLAS_WARNING", "1"}}, std::chrono::seconds(60));
+    EXPECT_EQ(result.exit_code, 2) << flag << ": " << result.err;
+    EXPECT_NE(result.err.find(flag + " 'lots' is neither a fraction (0.25) nor a batch count (10)"), std::string::npos)
+        << result.err;
+    const auto first = result.err.find("error:");
+    ASSERT_NE(first, std::string::npos) << result.err;
+    EXPECT_EQ(result.err.find("error:", first + 1), std::string::npos) << flag << ": said twice: " << result.err;
+    EXPECT_EQ(result.err.find("worker"), std::string::npos) << flag << ": a worker was started: " << result.err;
+    EXPECT_FALSE(std::filesystem::exists(root)) << flag << ": a run folder was made";
   }
 }
 

@@ -42,7 +42,8 @@ class ValCheckInterval : public ::testing::Test {
  protected:
   void SetUp() override { torch::set_num_threads(1); }
   TrainerOptions options(const std::string& interval, int64_t epochs = 2) const {
-    return testing::quiet_options(dir).max_epochs(epochs).val_check_interval(interval);
+    return testing::quiet_options(dir).max_epochs(epochs).val_check_interval(
+        BatchLimit::parse(interval, "--val-check-interval"));
   }
   /// Fits on 10 training batches of 8 and 1 validation batch; returns where validation ran.
   Checks checks(const TrainerOptions& o) {
@@ -109,7 +110,7 @@ TEST_F(ValCheckInterval, ACountValidatesEveryNTrainingBatches) {
 }
 
 TEST_F(ValCheckInterval, FollowsLimitTrainBatchesAndCheckValEveryNEpoch) {
-  EXPECT_EQ(checks(options("0.5").limit_train_batches("6")), (Checks{{0, 3}, {0, 6}, {1, 3}, {1, 6}}));
+  EXPECT_EQ(checks(options("0.5").limit_train_batches(6)), (Checks{{0, 3}, {0, 6}, {1, 3}, {1, 6}}));
   EXPECT_EQ(checks(options("0.5", 4).check_val_every_n_epoch(2)), (Checks{{1, 5}, {1, 10}, {3, 5}, {3, 10}}));
   EXPECT_EQ(checks(options("3", 3).check_val_every_n_epoch(3)), (Checks{{2, 3}, {2, 6}, {2, 9}}));
 }
@@ -146,15 +147,15 @@ TEST_F(ValCheckInterval, LastStepRowsCarryTheLastEpoch) {
 }
 
 TEST_F(ValCheckInterval, BadValuesAreUsageErrorsBeforeTraining) {
+  // Refused as they are read (the flag parses them: exit code 2 before any process starts).
+  for (const char* text : {"-3", "-0.5", "ten", ""}) {
+    EXPECT_THROW(BatchLimit::parse(text, "--val-check-interval"), UsageError) << "'" << text << "'";
+  }
+  // Refused by fit, which knows the epoch, before its first batch.
   const std::vector<std::pair<std::string, std::string>> cases{
       {"0", "must be at least 1"},
-      {"-3", "must be at least 1"},
       {"0.0", "must be in (0, 1]"},
-      {"-0.5", "must be in (0, 1]"},
-      {"1.5", "must be in (0, 1]"},
       {"11", "only 10 batch(es)"},
-      {"ten", "neither a fraction"},
-      {"", "neither a fraction"},
   };
   for (const auto& [interval, needle] : cases) {
     const std::string message = usage_error(options(interval));
@@ -162,7 +163,7 @@ TEST_F(ValCheckInterval, BadValuesAreUsageErrorsBeforeTraining) {
     EXPECT_FALSE(model->fit_started) << "'" << interval << "'";
     EXPECT_EQ(trainer->global_step(), 0) << "'" << interval << "'";
   }
-  const std::string limited = usage_error(options("5").limit_train_batches("4"));
+  const std::string limited = usage_error(options("5").limit_train_batches(4));
   EXPECT_NE(limited.find("Use at most 4"), std::string::npos) << limited;
   const std::string every = usage_error(options("1.0").check_val_every_n_epoch(0));
   EXPECT_NE(every.find("--check-val-every-n-epoch 0: use 1 or more"), std::string::npos) << every;
@@ -217,9 +218,9 @@ TEST(DataModuleStages, EachStageRunsOnItsOwnLoader) {
   Trainer trainer(testing::quiet_options(dir)
                       .max_epochs(2)
                       .num_sanity_val_steps(1)
-                      .limit_train_batches("3")
-                      .limit_val_batches("2")
-                      .limit_test_batches("1.0"));
+                      .limit_train_batches(3)
+                      .limit_val_batches(2)
+                      .limit_test_batches(1.0));
   trainer.fit(model, data);
   EXPECT_EQ(model->batches["train"], 2 * 3) << "2 epochs of limit_train_batches=3 (of 5)";
   EXPECT_EQ(model->batches["val"], 1 + 2 * 2) << "1 sanity batch, then limit_val_batches=2 (of 3) per epoch";

@@ -140,7 +140,7 @@ TEST_F(TrainerNumerics, GradientClippingEqualsClipGradNormAndValue) {
       auto model = std::make_shared<testing::Regressor>();
       Trainer trainer(testing::quiet_options(dir)
                           .max_epochs(1)
-                          .limit_train_batches(std::to_string(steps))
+                          .limit_train_batches(steps)
                           .gradient_clip_val(clip)
                           .gradient_clip_algorithm(algorithm));
       trainer.fit(model, loader_of(data, 16));

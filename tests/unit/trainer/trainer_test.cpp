@@ -158,7 +158,7 @@ TEST_F(TrainerTest, AResumedRunSaysWhereItWritesAndLinksToItsOrigin) {
 TEST_F(TrainerTest, MaxStepsAndLimitBatchesAndAccumulation) {
   auto data = regression_data(64);
   auto model = std::make_shared<Regressor>();
-  Trainer trainer(options().max_epochs(-1).max_steps(5).limit_train_batches("0.5"));
+  Trainer trainer(options().max_epochs(-1).max_steps(5).limit_train_batches(0.5));
   trainer.fit(model, std::make_shared<DataLoader>(data, DataLoaderOptions(8)));
   EXPECT_EQ(trainer.global_step(), 5);
   EXPECT_EQ(trainer.num_training_batches(), 4);
@@ -256,8 +256,6 @@ TEST_F(TrainerTest, BadSettingsAreUsageErrors) {
   expect_usage(options().strategy("nope"), "not registered");
   expect_usage(options().precision("16-mixed"), "bf16-mixed");
   expect_usage(options().precision("8"), "Use 32-true");
-  expect_usage(options().limit_train_batches("lots"), "neither a fraction");
-  expect_usage(options().limit_train_batches("1.5"), "at most 1.0");
   expect_usage(options().strategy("single_device").devices("2"), "Use --strategy ddp");
   expect_usage(options().num_nodes(2), "lockstep launch --nnodes 2");
   expect_usage(options().ckpt_path((root / "missing.ckpt").string()), "missing.ckpt");

@@ -1,4 +1,4 @@
-#include <lockstep/trainer/grad_scaler.h>
+#include <lockstep/plan/grad_scaler.h>
 
 #include <string>
 

@@ -1,4 +1,4 @@
-#include <lockstep/trainer/connector.h>
+#include <lockstep/plan/connector.h>
 
 #include <sched.h>
 
@@ -36,7 +36,7 @@ const std::map<std::string, std::string>& not_available() {
 }
 
 // --auto-select-gpus probes once, in the process that starts the others; they read its pick.
-std::vector<int> gpu_ids_for(const TrainerOptions& o, const environments::Environ& environ,
+std::vector<int> gpu_ids_for(const PlanOptions& o, const environments::Environ& environ,
                              const environments::ClusterEnvironment& env, int cuda_count,
                              const accelerators::DeviceProbe& probe) {
   auto ids = accelerators::parse_gpu_ids(o.devices(), cuda_count);
@@ -59,7 +59,7 @@ std::vector<int> gpu_ids_for(const TrainerOptions& o, const environments::Enviro
   return accelerators::select_gpu_ids(o.devices(), cuda_count, probe);
 }
 
-int devices_for(const TrainerOptions& o, const environments::Environ& environ,
+int devices_for(const PlanOptions& o, const environments::Environ& environ,
                 const environments::ClusterEnvironment& env, accelerators::Accelerator accelerator, int cuda_count,
                 const accelerators::DeviceProbe& probe, std::vector<int>& gpu_ids) {
   if (accelerator == accelerators::Accelerator::cuda) {
@@ -73,7 +73,7 @@ int devices_for(const TrainerOptions& o, const environments::Environ& environ,
   return accelerators::parse_cpu_devices(o.devices());
 }
 
-std::shared_ptr<strategies::Strategy> strategy_for(const TrainerOptions& o, int processes) {
+std::shared_ptr<strategies::Strategy> strategy_for(const PlanOptions& o, int processes) {
   const std::string name = o.strategy() == "auto" ? (processes > 1 ? "ddp" : "single_device") : o.strategy();
   const auto reason = not_available().find(name);
   if (reason != not_available().end()) {
@@ -103,7 +103,7 @@ void warn_if_ranks_outnumber_cores(const ExecutionPlan& plan) {
 }  // namespace
 
 
-ExecutionPlan resolve_plan(const TrainerOptions& o, const environments::Environ& environ,
+ExecutionPlan resolve_plan(const PlanOptions& o, const environments::Environ& environ,
                            std::shared_ptr<strategies::Strategy> strategy, int cuda_count,
                            const accelerators::DeviceProbe& probe) {
   ExecutionPlan plan;
@@ -143,8 +143,6 @@ ExecutionPlan resolve_plan(const TrainerOptions& o, const environments::Environ&
   LOCKSTEP_CHECK(c.process_group_backend != "nccl" || c.accelerator == accelerators::Accelerator::cuda, UsageError,
                  "--process-group-backend nccl reduces CUDA tensors, but the accelerator is ",
                  accelerators::to_string(c.accelerator), ". Use --accelerator cuda, or --process-group-backend gloo.");
-  LOCKSTEP_CHECK(o.accumulate_grad_batches() >= 1, UsageError, "--accumulate-grad-batches ",
-                 o.accumulate_grad_batches(), ": use 1 or more.");
   plan.strategy = strategy ? std::move(strategy) : strategy_for(o, c.devices_per_node * c.num_nodes);
   c.timeout_seconds = o.timeout();
   c.sync_batchnorm = o.sync_batchnorm();
@@ -162,9 +160,9 @@ ExecutionPlan resolve_plan(const TrainerOptions& o, const environments::Environ&
     const bool launched_by_us = environ.get("TORCHELASTIC_MAX_RESTARTS") == std::to_string(o.max_restarts());
     LOCKSTEP_CHECK(!c.environment->creates_processes_externally() || launched_by_us, UsageError, "--max-restarts ",
                    o.max_restarts(), ": this process was started by a launcher (", c.environment->name(),
-                   "), not by the Trainer.", fix);
+                   "), not by the Trainer or Fabric.", fix);
     LOCKSTEP_CHECK(c.devices_per_node * c.num_nodes > 1 && c.num_nodes == 1, UsageError, "--max-restarts ",
-                   o.max_restarts(), " restarts the processes the Trainer launches on one machine (--devices 2 or "
+                   o.max_restarts(), " restarts the processes the Trainer or Fabric launches on one machine (--devices 2 or "
                    "more, --num-nodes 1); this run has ", c.devices_per_node, " process(es) on ", c.num_nodes,
                    " node(s).", fix);
   }

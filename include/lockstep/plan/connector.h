@@ -1,6 +1,6 @@
 #pragma once
-/// The connector (seed: Lightning's AcceleratorConnector): turns TrainerOptions and the process
-/// environment into one plan, as a short ordered list of decisions. Bad or contradictory
+/// The connector (seed: Lightning's AcceleratorConnector): turns PlanOptions (of the Trainer or of
+/// Fabric) and the process environment into one plan, as a short ordered list of decisions. Bad or contradictory
 /// settings are UsageErrors naming the fix.
 
 #include <memory>
@@ -9,13 +9,13 @@
 
 #include <lockstep/accelerators/device_parser.h>
 #include <lockstep/environments/cluster_environment.h>
+#include <lockstep/plan/plan_options.h>
+#include <lockstep/plan/precision.h>
 #include <lockstep/strategies/strategy.h>
-#include <lockstep/trainer/precision.h>
-#include <lockstep/trainer/trainer_options.h>
 
 namespace lockstep {
 
-/// Everything the Trainer runs with; decided once, not changed afterwards.
+/// Everything the Trainer or Fabric runs with; decided once, not changed afterwards.
 struct ExecutionPlan {
   /// Environment, accelerator, devices, nodes, backend, timeout: what the strategy is set with.
   strategies::StrategyContext context;
@@ -30,7 +30,7 @@ struct ExecutionPlan {
 /// precision, backend, strategy. `strategy` overrides options.strategy() when given (a Strategy
 /// object, as Lightning's Trainer(strategy=DDPStrategy(...))). `cuda_device_count` and
 /// `probe` (used by auto_select_gpus) are injected for tests.
-ExecutionPlan resolve_plan(const TrainerOptions& options, const environments::Environ& environ,
+ExecutionPlan resolve_plan(const PlanOptions& options, const environments::Environ& environ,
                            std::shared_ptr<strategies::Strategy> strategy = nullptr, int cuda_device_count = 0,
                            const accelerators::DeviceProbe& probe = accelerators::probe_cuda_device);
 

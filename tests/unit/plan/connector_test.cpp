@@ -1,6 +1,6 @@
 // The connector's GPU decisions, with an injected CUDA device count and probe (this LibTorch is a
 // CPU build): --auto-select-gpus picks free devices once and hands the pick to launched ranks.
-#include <lockstep/trainer/connector.h>
+#include <lockstep/plan/connector.h>
 
 #include <algorithm>
 #include <cstdlib>

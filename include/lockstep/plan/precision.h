@@ -1,5 +1,5 @@
 #pragma once
-/// Precision: how the Trainer runs a step's numbers (Lightning's precision plugins), chosen once
+/// Precision: how the Trainer and Fabric run a step's numbers (Lightning's precision plugins), chosen once
 /// from --precision when the plan is resolved: 32-true, 64-true, bf16-mixed (CPU or CUDA
 /// autocast) and 16-mixed (CUDA float16 autocast with dynamic loss scaling, see GradScaler).
 
@@ -29,7 +29,7 @@ class Precision {
   std::string name() const;
   /// The device type autocast runs on: CPU, or CUDA when the accelerator is cuda.
   c10::DeviceType autocast_device() const { return device_; }
-  /// True for 16-mixed: the Trainer scales the loss and unscales gradients (GradScaler).
+  /// True for 16-mixed: the loss is scaled and unscales gradients (GradScaler).
   bool scales_loss() const { return kind_ == Kind::f16_mixed; }
 
   /// float64 parameters and buffers for 64-true; nothing otherwise.

@@ -1,4 +1,4 @@
-#include <lockstep/trainer/precision.h>
+#include <lockstep/plan/precision.h>
 
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
