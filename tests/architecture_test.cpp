@@ -1,12 +1,22 @@
-// The folders of include/lockstep and src/lockstep depend one way: a folder includes only folders
-// of lower layers (docs/architecture.md draws them). This test reads every `#include <lockstep/...>`
-// and fails on an edge that goes up or sideways, naming the file and the line.
+// Two rules of the source tree, each with a self-test on a synthetic tree:
+// - The folders of include/lockstep and src/lockstep depend one way: a folder includes only folders
+//   of lower layers (docs/architecture.md draws them). Every `#include <lockstep/...>` and every
+//   `#include "..."` (resolved beside the including file, then under include/ and src/) is read; an
+//   edge that goes up or sideways fails, naming the file and the line.
+// - Every error Lockstep raises on purpose is a lockstep::Error: a `throw` of anything else, a
+//   std:: or c10:: exception built in place, TORCH_CHECK, or a LOCKSTEP_CHECK of a foreign class
+//   fails, naming the file and the line.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <regex>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -31,6 +41,8 @@ const std::vector<std::vector<std::string>> kLayers = {
     {"cli"},                                      // flags and the guarded main
 };
 
+const std::vector<std::string> kBases = {"include/lockstep", "src/lockstep"};
+
 std::map<std::string, int> layer_of() {
   std::map<std::string, int> layer;
   for (int i = 0; i < static_cast<int>(kLayers.size()); ++i) {
@@ -39,33 +51,86 @@ std::map<std::string, int> layer_of() {
   return layer;
 }
 
-// One violation per line: "src/lockstep/core/x.cpp:3: core includes trainer/trainer.h".
-std::vector<std::string> layering_violations(const fs::path& root) {
-  static const std::regex include_line(R"(^\s*#\s*include\s*<lockstep/(([a-z_]+)/[^>]+)>)");
-  const auto layer = layer_of();
-  std::vector<std::string> violations;
-  for (const std::string base : {"include/lockstep", "src/lockstep"}) {
+struct SourceFile {
+  fs::path path;      // on disk
+  std::string shown;  // "src/lockstep/core/x.cpp"
+  std::string folder;  // "core"; "" for a file directly under lockstep/ (lockstep.h)
+};
+
+std::vector<SourceFile> source_files(const fs::path& root) {
+  std::vector<SourceFile> files;
+  for (const std::string& base : kBases) {
     if (!fs::exists(root / base)) continue;
     for (const auto& entry : fs::recursive_directory_iterator(root / base)) {
       if (!entry.is_regular_file()) continue;
       const auto relative = fs::relative(entry.path(), root / base);
-      if (relative.begin() == relative.end() || std::next(relative.begin()) == relative.end()) continue;  // lockstep.h
-      const std::string from = relative.begin()->string();
-      std::ifstream in(entry.path());
-      std::string line;
-      for (int number = 1; std::getline(in, line); ++number) {
-        std::smatch match;
-        if (!std::regex_search(line, match, include_line) || match[2] == from) continue;
-        const std::string to = match[2];
-        const std::string where = base + "/" + relative.string() + ":" + std::to_string(number) + ": ";
-        if (!layer.count(from)) {
-          violations.push_back(where + "folder " + from + " has no layer in tests/architecture_test.cpp");
-        } else if (!layer.count(to)) {
-          violations.push_back(where + "includes folder " + to + ", which has no layer");
-        } else if (layer.at(to) >= layer.at(from)) {
-          violations.push_back(where + from + " includes " + match[1].str() +
-                               (layer.at(to) == layer.at(from) ? " (same layer)" : " (a higher layer)"));
-        }
+      const bool nested = std::next(relative.begin()) != relative.end();
+      files.push_back({entry.path(), base + "/" + relative.string(), nested ? relative.begin()->string() : ""});
+    }
+  }
+  std::sort(files.begin(), files.end(), [](const auto& a, const auto& b) { return a.shown < b.shown; });
+  return files;
+}
+
+// The folder under include/lockstep or src/lockstep that `path` lies in, and the path below
+// lockstep/ ("trainer/trainer.h"); nothing for a file elsewhere or directly under lockstep/.
+std::optional<std::pair<std::string, std::string>> lockstep_folder(const fs::path& root, const fs::path& path) {
+  for (const std::string& base : kBases) {
+    const auto relative = path.lexically_relative((root / base).lexically_normal());
+    if (relative.empty() || *relative.begin() == "..") continue;
+    if (std::next(relative.begin()) == relative.end()) return std::nullopt;
+    return std::make_pair(relative.begin()->string(), relative.generic_string());
+  }
+  return std::nullopt;
+}
+
+// Where `#include "name"` in `from` leads, as the compiler looks: beside the including file, then
+// under include/ and src/ (the library's include paths); a name found nowhere is taken as a public
+// header when it starts with lockstep/, else as beside the file.
+fs::path resolve_quoted(const fs::path& root, const fs::path& from, const std::string& name) {
+  const fs::path beside = (from.parent_path() / name).lexically_normal();
+  if (fs::exists(beside)) return beside;
+  for (const char* dir : {"include", "src"}) {
+    if (fs::exists(root / dir / name)) return (root / dir / name).lexically_normal();
+  }
+  if (name.rfind("lockstep/", 0) == 0) return (root / "include" / name).lexically_normal();
+  return beside;
+}
+
+// One violation per line: "src/lockstep/core/x.cpp:3: core includes trainer/trainer.h (a higher layer)".
+std::vector<std::string> layering_violations(const fs::path& root_given) {
+  static const std::regex angle(R"(^\s*#\s*include\s*<(lockstep/[^>]+)>)");
+  static const std::regex quoted(R"re(^\s*#\s*include\s*"([^"]+)")re");
+  const fs::path root = fs::absolute(root_given).lexically_normal();
+  const auto layer = layer_of();
+  std::vector<std::string> violations;
+  for (const auto& file : source_files(root)) {
+    if (file.folder.empty()) continue;  // lockstep.h includes everything
+    std::ifstream in(file.path);
+    std::string line;
+    for (int number = 1; std::getline(in, line); ++number) {
+      std::smatch match;
+      fs::path target;
+      std::string spelled;  // how a quoted include wrote it
+      if (std::regex_search(line, match, angle)) {
+        target = root / "include" / match[1].str();
+      } else if (std::regex_search(line, match, quoted)) {
+        target = resolve_quoted(root, fs::absolute(file.path).lexically_normal(), match[1]);
+        spelled = match[1];
+      } else {
+        continue;
+      }
+      const auto to = lockstep_folder(root, target.lexically_normal());
+      if (!to || to->first == file.folder) continue;
+      const std::string where = file.shown + ":" + std::to_string(number) + ": ";
+      const std::string what = to->second + (spelled.empty() ? "" : " through \"" + spelled + "\"");
+      if (!layer.count(file.folder)) {
+        violations.push_back(where + "folder " + file.folder + " has no layer in tests/architecture_test.cpp");
+      } else if (!layer.count(to->first)) {
+        violations.push_back(where + "includes folder " + to->first + ", which has no layer");
+      } else if (layer.at(to->first) >= layer.at(file.folder)) {
+        violations.push_back(where + file.folder + " includes " + what +
+                             (layer.at(to->first) == layer.at(file.folder) ? " (same layer)" : " (a higher layer)"));
       }
     }
   }
@@ -78,24 +143,352 @@ TEST(Architecture, FoldersDependOneWay) {
   EXPECT_TRUE(violations.empty());
 }
 
+void write(const fs::path& path, const std::string& text) {
+  fs::create_directories(path.parent_path());
+  std::ofstream(path) << text;
+}
+
+std::string joined(const std::vector<std::string>& lines) {
+  std::string all;
+  for (const auto& line : lines) all += line + "\n";
+  return all;
+}
+
 // The check itself fails on an edge against the layering (core reaching up to the Trainer, as
-// TrainingModule once did) and on a sideways one (callbacks and loggers are peers).
+// TrainingModule once did), on a sideways one (callbacks and loggers are peers), and on both
+// through quoted includes, beside the file ("../") or through the include path.
 TEST(Architecture, AnEdgeAgainstTheLayeringIsNamed) {
   testing::TempDir dir("lockstep_layers");
-  fs::create_directories(dir / "src/lockstep/core");
-  fs::create_directories(dir / "src/lockstep/callbacks");
-  fs::create_directories(dir / "src/lockstep/data");
-  std::ofstream(dir / "src/lockstep/core/training_module.cpp")
-      << "#include <lockstep/core/training_module.h>\n#include <lockstep/trainer/trainer.h>\n";
-  std::ofstream(dir / "src/lockstep/callbacks/lr_monitor.cpp") << "#include <lockstep/loggers/logger.h>\n";
-  std::ofstream(dir / "src/lockstep/data/sampler.cpp") << "#include <lockstep/core/error.h>\n";
-  const auto violations = layering_violations(dir.path());
-  ASSERT_EQ(violations.size(), 2u);
-  const std::string all = violations[0] + "\n" + violations[1];
+  const fs::path root = dir.path();
+  write(root / "src/lockstep/core/training_module.cpp",
+        "#include <lockstep/core/training_module.h>\n#include <lockstep/trainer/trainer.h>\n");
+  write(root / "src/lockstep/callbacks/lr_monitor.cpp", "#include <lockstep/loggers/logger.h>\n");
+  write(root / "src/lockstep/data/sampler.cpp", "#include <lockstep/core/error.h>\n");
+  // Quoted: beside the file (same folder, fine), up through "../", sideways through include/.
+  write(root / "include/lockstep/loggers/logger.h", "#pragma once\n");
+  write(root / "src/lockstep/trainer/trainer_internal.h", "#pragma once\n");
+  write(root / "src/lockstep/launchers/process_utils.h", "#pragma once\n");
+  write(root / "src/lockstep/launchers/supervisor.cpp",
+        "#include \"process_utils.h\"\n#include \"lockstep/core/error.h\"\n");
+  write(root / "src/lockstep/core/seed.cpp", "#include <lockstep/core/seed.h>\n\n#include \"../trainer/trainer_internal.h\"\n");
+  write(root / "src/lockstep/callbacks/early_stopping.cpp", "#include \"lockstep/loggers/logger.h\"\n");
+  write(root / "src/lockstep/data/sub/deep.cpp", "#include \"../../launchers/process_utils.h\"\n");
+
+  const auto violations = layering_violations(root);
+  const std::string all = joined(violations);
+  ASSERT_EQ(violations.size(), 5u) << all;
   EXPECT_NE(all.find("src/lockstep/core/training_module.cpp:2: core includes trainer/trainer.h (a higher layer)"),
             std::string::npos) << all;
   EXPECT_NE(all.find("src/lockstep/callbacks/lr_monitor.cpp:1: callbacks includes loggers/logger.h (same layer)"),
             std::string::npos) << all;
+  EXPECT_NE(all.find("src/lockstep/core/seed.cpp:3: core includes trainer/trainer_internal.h through "
+                     "\"../trainer/trainer_internal.h\" (a higher layer)"),
+            std::string::npos) << all;
+  EXPECT_NE(all.find("src/lockstep/callbacks/early_stopping.cpp:1: callbacks includes loggers/logger.h through "
+                     "\"lockstep/loggers/logger.h\" (same layer)"),
+            std::string::npos) << all;
+  EXPECT_NE(all.find("src/lockstep/data/sub/deep.cpp:1: data includes launchers/process_utils.h through "
+                     "\"../../launchers/process_utils.h\" (a higher layer)"),
+            std::string::npos) << all;
+}
+
+// --- One error model -----------------------------------------------------------------------------
+
+// Foreign exceptions that are thrown on purpose but never leave Lockstep, each with the reason.
+const std::map<std::string, std::string> kForeignThrowsAllowed = {
+    {"CLI::ValidationError", "thrown inside a flag's callback; app.parse reports it (cli/trainer_flags.cpp)"},
+};
+
+// Exceptions of the standard library and LibTorch that must not be built to be thrown.
+const std::regex kForeignException(
+    R"(((?:std|::std)::(?:runtime_error|logic_error|out_of_range|invalid_argument|domain_error|length_error|)"
+    R"(range_error|overflow_error|underflow_error|system_error|exception|filesystem::filesystem_error)|)"
+    R"((?:c10|torch|at)::\w*Error)\s*[({])");
+// LibTorch's macros that throw c10::Error.
+const std::regex kTorchCheck(R"((TORCH_CHECK\w*|TORCH_INTERNAL_ASSERT\w*|AT_ERROR|AT_ASSERT\w*|C10_THROW_ERROR)\s*\()");
+
+bool is_identifier_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+// The text of a source file with its comments blanked and its string and character literals
+// emptied ("" and ''), line breaks kept, so that a `throw` in a comment or a message is not code.
+std::string code_of(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string text = buffer.str();
+  std::string code;
+  code.reserve(text.size());
+  auto blank = [&](size_t from, size_t to) {  // keeps the line breaks of [from, to)
+    for (size_t k = from; k < std::min(to, text.size()); ++k) code += text[k] == '\n' ? '\n' : ' ';
+  };
+  auto past = [&](size_t found, size_t length) { return found == std::string::npos ? text.size() : found + length; };
+  for (size_t i = 0; i < text.size();) {
+    const char c = text[i];
+    const char next = i + 1 < text.size() ? text[i + 1] : '\0';
+    const char before = i > 0 ? text[i - 1] : '\0';
+    if (c == '/' && next == '/') {
+      i = std::min(text.size(), text.find('\n', i));
+    } else if (c == '/' && next == '*') {
+      const size_t end = past(text.find("*/", i + 2), 2);
+      blank(i, end);
+      i = end;
+    } else if (c == '"' && before == 'R' && (i < 2 || !is_identifier_char(text[i - 2]) ||
+                                             std::string("8uUL").find(text[i - 2]) != std::string::npos)) {
+      const size_t open = text.find('(', i);  // R"delim( ... )delim"
+      const size_t end = open == std::string::npos
+                             ? text.size()
+                             : past(text.find(")" + text.substr(i + 1, open - i - 1) + "\"", open), open - i + 1);
+      code += "\"\"";
+      blank(i, end);
+      i = end;
+    } else if (c == '"' || (c == '\'' && !std::isdigit(static_cast<unsigned char>(before)))) {  // not 1'000
+      size_t end = i + 1;
+      while (end < text.size() && text[end] != c && text[end] != '\n') end += text[end] == '\\' ? 2 : 1;
+      code += std::string(2, c);
+      i = end + 1;
+    } else {
+      code += c;
+      ++i;
+    }
+  }
+  return code;
+}
+
+// Lines of `code`, with the definition of LOCKSTEP_CHECK blanked: its `throw ErrorType(` names a
+// macro parameter, and every use of the macro is checked instead.
+std::vector<std::string> lines_of(const std::string& code) {
+  std::vector<std::string> lines;
+  std::istringstream in(code);
+  std::string line;
+  bool in_check_definition = false;
+  while (std::getline(in, line)) {
+    static const std::regex check_definition(R"(^\s*#\s*define\s+LOCKSTEP_CHECK\b)");
+    if (std::regex_search(line, check_definition)) in_check_definition = true;
+    const bool continues = !line.empty() && line.back() == '\\';
+    lines.push_back(in_check_definition ? "" : line);
+    if (!continues) in_check_definition = false;
+  }
+  return lines;
+}
+
+// Namespaces a Lockstep class may be named through: lockstep, its folders, detail.
+bool lockstep_qualifier(const std::string& qualifier) {
+  static const std::set<std::string> names = [] {
+    std::set<std::string> all{"", "lockstep", "detail"};
+    for (const auto& layer : kLayers) all.insert(layer.begin(), layer.end());
+    return all;
+  }();
+  std::stringstream parts(qualifier);
+  std::string part;
+  while (std::getline(parts, part, ':')) {
+    if (!names.count(part)) return false;
+  }
+  return true;
+}
+
+// "distributed::DistributedError" -> {"distributed::", "DistributedError"}.
+std::pair<std::string, std::string> split_name(const std::string& name) {
+  const size_t last = name.rfind("::");
+  if (last == std::string::npos) return {"", name};
+  return {name.substr(0, last + 2), name.substr(last + 2)};
+}
+
+struct ErrorModel {
+  std::set<std::string> classes;    // lockstep::Error and every class derived from it
+  std::set<std::string> factories;  // functions that return one of them (`EnvironmentError malformed(...)`)
+};
+
+ErrorModel error_model(const std::vector<std::vector<std::string>>& files) {
+  static const std::regex derived(R"(\b(?:class|struct)\s+(\w+)\s*(?:final\s*)?:\s*(?:public\s+)?((?:::)?[\w:]+))");
+  static const std::regex factory(
+      R"(^\s*(?:\[\[noreturn\]\]\s*)?(?:(?:static|inline)\s+)*((?:::)?[\w:]+)\s+(\w+)\s*\()");
+  ErrorModel model;
+  model.classes.insert("Error");
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (const auto& lines : files) {
+      for (const auto& line : lines) {
+        std::smatch match;
+        if (!std::regex_search(line, match, derived)) continue;
+        const auto [qualifier, base] = split_name(match[2]);
+        if (lockstep_qualifier(qualifier) && model.classes.count(base) && model.classes.insert(match[1]).second) {
+          grew = true;
+        }
+      }
+    }
+  }
+  for (const auto& lines : files) {
+    for (const auto& line : lines) {
+      std::smatch match;
+      if (!std::regex_search(line, match, factory)) continue;
+      const auto [qualifier, returned] = split_name(match[1]);
+      if (lockstep_qualifier(qualifier) && model.classes.count(returned)) model.factories.insert(match[2]);
+    }
+  }
+  return model;
+}
+
+// The second argument of the LOCKSTEP_CHECK call whose '(' is at `open` in `text`.
+std::string second_argument(const std::string& text, size_t open) {
+  int depth = 0;
+  size_t start = std::string::npos;
+  for (size_t i = open; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '(' || c == '[' || c == '{') ++depth;
+    if (c == ')' || c == ']' || c == '}') --depth;
+    if (depth == 0) break;
+    if (depth == 1 && c == ',') {
+      if (start != std::string::npos) {
+        std::string argument = text.substr(start, i - start);
+        argument.erase(0, argument.find_first_not_of(" \t\n"));
+        argument.erase(argument.find_last_not_of(" \t\n") + 1);
+        return argument;
+      }
+      start = i + 1;
+    }
+  }
+  return "";
+}
+
+// Whether the name at `at` follows `public`, `protected`, `private` or `virtual`: a base class.
+bool base_specifier(const std::string& line, size_t at) {
+  static const std::regex access(R"((?:^|\W)(?:public|protected|private|virtual)\s+$)");
+  return std::regex_search(line.substr(0, at), access);
+}
+
+bool allowed_class(const ErrorModel& model, const std::string& name) {
+  const auto [qualifier, last] = split_name(name);
+  return lockstep_qualifier(qualifier) && model.classes.count(last) > 0;
+}
+
+// Offenders in file order: "src/lockstep/data/x.cpp:12: throws std::out_of_range, not a lockstep::Error; ...".
+std::vector<std::string> foreign_throws(const fs::path& root) {
+  static const std::regex thrown(R"(\s*((?:::)?[A-Za-z_][\w:]*)\s*[({])");
+  static const std::regex check_call(R"(LOCKSTEP_CHECK\s*\()");
+  constexpr auto at_start = std::regex_constants::match_continuous;
+  const auto files = source_files(root);
+  std::vector<std::vector<std::string>> lines;
+  for (const auto& file : files) lines.push_back(lines_of(code_of(file.path)));
+  const ErrorModel model = error_model(lines);
+  const std::string fix = "; throw a lockstep::Error of the right kind (UsageError, IoError, DistributedError, ...)";
+  std::vector<std::string> offenders;
+  for (size_t f = 0; f < files.size(); ++f) {
+    const auto& file_lines = lines[f];
+    const bool error_header = files[f].shown == "include/lockstep/core/error.h";
+    std::set<std::pair<size_t, size_t>> thrown_names;  // (line, column) of names a `throw` was judged by
+    for (size_t n = 0; n < file_lines.size(); ++n) {
+      const std::string& line = file_lines[n];
+      const std::string where = files[f].shown + ":" + std::to_string(n + 1) + ": ";
+      for (size_t at = 0; at < line.size(); ++at) {
+        if (!is_identifier_char(line[at]) && line[at] != ':') continue;
+        if (at > 0 && (is_identifier_char(line[at - 1]) || line[at - 1] == ':')) continue;
+        if (thrown_names.count({n, at})) continue;
+        const auto rest_begin = line.begin() + static_cast<std::ptrdiff_t>(at);
+        std::smatch match;
+        if (line.compare(at, 5, "throw") == 0 && (at + 5 == line.size() || !is_identifier_char(line[at + 5]))) {
+          size_t k = n, column = at + 5;  // the thrown expression, on the next line when `throw` ends this one
+          while (file_lines[k].find_first_not_of(" \t", column) == std::string::npos && k + 1 < file_lines.size()) {
+            ++k;
+            column = 0;
+          }
+          const std::string& text = file_lines[k];
+          const size_t first = text.find_first_not_of(" \t", column);
+          if (first != std::string::npos && text[first] == ';') continue;  // rethrow
+          if (!std::regex_search(text.begin() + static_cast<std::ptrdiff_t>(column), text.end(), match, thrown,
+                                 at_start)) {
+            offenders.push_back(where + "throws `" + text.substr(column, 40) + "`, not a lockstep::Error" + fix);
+            continue;
+          }
+          thrown_names.insert({k, column + static_cast<size_t>(match.position(1))});
+          const std::string name = match[1];
+          if (allowed_class(model, name) || model.factories.count(name) || kForeignThrowsAllowed.count(name)) continue;
+          offenders.push_back(where + "throws " + name + ", not a lockstep::Error" + fix);
+        } else if (std::regex_search(rest_begin, line.end(), match, kForeignException, at_start)) {
+          if (base_specifier(line, at)) continue;  // a class derived from it: its throws are judged
+          // lockstep::Error's own base, in its constructor's initializer list.
+          const size_t before = at == 0 ? std::string::npos : line.find_last_not_of(" \t", at - 1);
+          if (error_header && before != std::string::npos && line[before] == ':') continue;
+          offenders.push_back(where + "builds a " + match[1].str() + ", not a lockstep::Error" + fix);
+        } else if (std::regex_search(rest_begin, line.end(), match, kTorchCheck, at_start)) {
+          offenders.push_back(where + match[1].str() +
+                              " throws c10::Error; use LOCKSTEP_CHECK with a lockstep::Error class");
+        } else if (std::regex_search(rest_begin, line.end(), match, check_call, at_start)) {
+          std::string call;  // the arguments may go on over the next lines
+          for (size_t k = n; k < file_lines.size() && k < n + 10; ++k) call += file_lines[k] + "\n";
+          const std::string type = second_argument(call, at + static_cast<size_t>(match.length(0)) - 1);
+          if (!allowed_class(model, type)) {
+            offenders.push_back(where + "LOCKSTEP_CHECK throws " + type + ", not a lockstep::Error" + fix);
+          }
+        }
+      }
+    }
+  }
+  return offenders;
+}
+
+TEST(Architecture, EveryDeliberateThrowIsALockstepError) {
+  const auto offenders = foreign_throws(LOCKSTEP_SOURCE_DIR);
+  for (const auto& offender : offenders) ADD_FAILURE() << offender;
+  EXPECT_TRUE(offenders.empty());
+}
+
+// The scan finds lockstep::Error's classes and the functions returning them wherever they are
+// declared, passes rethrows, comments and messages, and names each other throw.
+TEST(Architecture, AThrowOfAForeignExceptionIsNamed) {
+  testing::TempDir dir("lockstep_throws");
+  const fs::path root = dir.path();
+  write(root / "include/lockstep/core/error.h",
+        "class Error : public std::runtime_error {\n"
+        "  Error(const std::string& message)\n"
+        "      : std::runtime_error(message) {}\n"
+        "};\n"
+        "class UsageError : public Error {};\n"
+        "#define LOCKSTEP_CHECK(condition, ErrorType, ...) \\\n"
+        "  if (!(condition)) throw ErrorType(concat(__VA_ARGS__))\n");
+  write(root / "include/lockstep/distributed/distributed_error.h",
+        "class DistributedError : public lockstep::Error {};\n"
+        "class UnusedParametersError final : public DistributedError {};\n");
+  write(root / "src/lockstep/distributed/join.cpp",
+        "DistributedError early_termination(int rank) { return DistributedError(\"x\"); }\n"
+        "void f() { throw early_termination(1); }\n"
+        "void g() {\n"
+        "  try { f(); } catch (...) { throw; }\n"
+        "  // throw std::runtime_error(\"in a comment\");\n"
+        "  const char* s = \"throw std::logic_error(\";\n"
+        "  /* throw c10::Error(...) */ throw distributed::UnusedParametersError(\"x\", {});\n"
+        "  LOCKSTEP_CHECK(s != nullptr, distributed::DistributedError, \"fine\");\n"
+        "  bool throw_on_early_termination = true;\n"
+        "}\n");
+  write(root / "src/lockstep/data/loader.cpp",
+        "class NotAnError : public std::exception {};\n"
+        "void a() { throw std::out_of_range(\"batch 3 of 2\"); }\n"
+        "void b() {\n"
+        "  throw\n"
+        "      c10::Error({__func__, __FILE__, 1}, \"x\");\n"
+        "  auto e = std::runtime_error(\"kept\");\n"
+        "  TORCH_CHECK(false, \"x\");\n"
+        "  LOCKSTEP_CHECK(f(1, 2) > 0, std::invalid_argument, \"x\");\n"
+        "  LOCKSTEP_CHECK(true,\n"
+        "                 UsageError, \"fine\");\n"
+        "  throw NotAnError();\n"
+        "  throw c10::UsageError(\"not ours, though named like one\");\n"
+        "}\n");
+
+  const auto offenders = foreign_throws(root);
+  const std::string all = joined(offenders);
+  const std::vector<std::string> expected = {
+      "src/lockstep/data/loader.cpp:2: throws std::out_of_range, not a lockstep::Error",
+      "src/lockstep/data/loader.cpp:4: throws c10::Error, not a lockstep::Error",
+      "src/lockstep/data/loader.cpp:6: builds a std::runtime_error, not a lockstep::Error",
+      "src/lockstep/data/loader.cpp:7: TORCH_CHECK throws c10::Error",
+      "src/lockstep/data/loader.cpp:8: LOCKSTEP_CHECK throws std::invalid_argument, not a lockstep::Error",
+      "src/lockstep/data/loader.cpp:11: throws NotAnError, not a lockstep::Error",
+      "src/lockstep/data/loader.cpp:12: throws c10::UsageError, not a lockstep::Error",
+  };
+  ASSERT_EQ(offenders.size(), expected.size()) << all;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(offenders[i].rfind(expected[i], 0), 0u) << "offender " << i << ": " << offenders[i];
+  }
 }
 
 }  // namespace

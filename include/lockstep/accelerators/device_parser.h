@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include <lockstep/accelerators/device_busy_error.h>
 #include <lockstep/core/error.h>
 #include <lockstep/core/retry.h>
 
@@ -49,12 +50,6 @@ using DeviceProbe = std::function<bool(int id)>;
 /// on any error. Always false on a CPU-only LibTorch. It leaves a CUDA context on every device it
 /// probes, as the seed's did.
 bool probe_cuda_device(int id);
-
-/// Fewer free CUDA devices than asked for, right now; select_gpu_ids retries on it.
-class DeviceBusyError : public Error {
- public:
-  explicit DeviceBusyError(const std::string& message) : Error(ErrorKind::environment, message) {}
-};
 
 /// The `count` lowest ids among 0..visible-1 that `probe` accepts, each probed at most once
 /// (seed: pick_multiple_gpus). Throws DeviceBusyError, naming the busy ids, when fewer are free.

@@ -44,7 +44,7 @@ class CheckpointIO {
   /// directories. Atomic: the bytes go to a new `<path>.tmp.XXXXXX` (created exclusively, so never
   /// a name or symlink planted in a shared directory), which is fsync'ed, renamed over `path`, and
   /// the directory fsync'ed; on any failure the previous file at `path` is left as it was, the
-  /// temporary file is removed, and std::system_error says what failed.
+  /// temporary file is removed, and an IoError names the path, the step that failed and the OS's reason.
   virtual void save(const c10::IValue& checkpoint, const std::string& path) const;
 
   /// Reads a checkpoint written by save(). The zip records' CRC32s are verified (LibTorch's
@@ -53,7 +53,7 @@ class CheckpointIO {
   /// file, a truncated or corrupt one, and one that is not a checkpoint dict.
   virtual Checkpoint load(const std::string& path) const;
 
-  /// Deletes the checkpoint at `path`; a missing file is not an error.
+  /// Deletes the checkpoint at `path`; a missing file is not an error, one that stays is an IoError.
   virtual void remove(const std::string& path) const;
 };
 

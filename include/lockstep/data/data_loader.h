@@ -45,7 +45,8 @@ class DataLoader {
   bool has_sampler() const { return sampler_ != nullptr; }
   void set_epoch(int64_t epoch);
   int64_t num_batches() const;
-  /// Batch `i` of the current epoch; sequential access is prefetched.
+  /// Batch `i` of the current epoch (0 <= i < num_batches(), else a UsageError); sequential access
+  /// is prefetched.
   Batch batch(int64_t i);
   const DataLoaderOptions& options() const { return options_; }
   const std::shared_ptr<Dataset>& dataset() const { return dataset_; }

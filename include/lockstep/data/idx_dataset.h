@@ -35,7 +35,7 @@ class IdxDataset : public torch::data::datasets::Dataset<IdxDataset> {
   IdxDataset(const std::string& images_path, const std::string& labels_path,
              IdxDatasetOptions options = IdxDatasetOptions());
 
-  /// Example `index` (0 <= index < size(); std::out_of_range otherwise).
+  /// Example `index` (0 <= index < size(); a UsageError naming the index and the size otherwise).
   torch::data::Example<> get(size_t index) override;
   c10::optional<size_t> size() const override;
 

@@ -28,8 +28,8 @@ class BucketFuture {
   explicit BucketFuture(c10::intrusive_ptr<c10::ivalue::Future> future,
                         std::function<at::Tensor(const at::Tensor&)> finish = {});
 
-  /// Blocks until the bucket is reduced, at most `timeout`; throws std::runtime_error if the
-  /// communication failed or timed out. Call once.
+  /// Blocks until the bucket is reduced, at most `timeout`; throws DistributedError if the
+  /// communication failed or timed out, UsageError if a future holds no tensor. Call once.
   at::Tensor wait(std::chrono::milliseconds timeout);
   /// Calls `fn` once the communication has completed, possibly at once and possibly on a
   /// communication thread (DDP uses it to trace when each bucket finished).

@@ -15,6 +15,7 @@
 #include <torch/version.h>
 
 #include <lockstep/core/error.h>
+#include <lockstep/distributed/distributed_error.h>
 #include <lockstep/distributed/process_group_options.h>
 
 namespace c10d {
@@ -40,13 +41,6 @@ using Backend = c10d::ProcessGroup;
 
 namespace lockstep {
 namespace distributed {
-
-/// A blocking distributed call that did not complete: it names the operation, the rank and
-/// the timeout, and says what to check.
-class DistributedError : public Error {
- public:
-  explicit DistributedError(const std::string& message) : Error(ErrorKind::distributed, message) {}
-};
 
 /// The ranks of one job (or of a subgroup of it) and their backend.
 ///

@@ -19,6 +19,7 @@
 
 #include <lockstep/distributed/comm_hooks.h>
 #include <lockstep/distributed/ddp_options.h>
+#include <lockstep/distributed/distributed_error.h>
 #include <lockstep/distributed/process_group.h>
 #include <lockstep/distributed/transport/gradient_transport.h>
 
@@ -34,18 +35,6 @@ namespace distributed {
 /// Every autograd node a backward from `outputs` would run, the parameters' gradient
 /// accumulators included (how find_unused_parameters tells used from unused parameters).
 std::unordered_set<const torch::autograd::Node*> autograd_nodes_reached_by(const std::vector<at::Tensor>& outputs);
-
-/// What backward throws when find_unused_parameters is off and some parameters received no
-/// gradient (PyTorch's "Expected to have finished reduction ..." error), with their names.
-class UnusedParametersError : public DistributedError {
- public:
-  UnusedParametersError(const std::string& message, std::vector<std::string> parameter_names)
-      : DistributedError(message), parameter_names_(std::move(parameter_names)) {}
-  const std::vector<std::string>& parameter_names() const { return parameter_names_; }
-
- private:
-  std::vector<std::string> parameter_names_;
-};
 
 /// When one bucket's gradients were ready, its reduction launched and finished, measured from
 /// the first gradient of the backward pass.

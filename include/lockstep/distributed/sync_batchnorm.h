@@ -89,7 +89,7 @@ std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(std::shared_ptr<torch:
                                                           ProcessGroup& group);
 
 namespace detail {
-/// Throws std::logic_error if a BatchNorm that convert_sync_batchnorm replaced in `module` has
+/// Throws UsageError if a BatchNorm that convert_sync_batchnorm replaced in `module` has
 /// run forward in training mode since, i.e. the model bypasses its SyncBatchNorm.
 void check_replaced_batchnorms_unused(const torch::nn::Module& module);
 /// The names of the BatchNorms that convert_sync_batchnorm replaced in `module` but that

@@ -10,6 +10,7 @@
 
 #include <lockstep/core/error.h>
 #include <lockstep/distributed/placement.h>
+#include <lockstep/environments/environment_error.h>
 #include <lockstep/distributed/process_group_options.h>
 
 namespace lockstep {
@@ -38,13 +39,6 @@ class Environ {
 
  private:
   std::map<std::string, std::string> vars_;
-};
-
-/// Thrown for a half-set or contradictory environment; `what()` says what was wrong,
-/// what was given and how to fix it. Binaries turn it into exit code 2.
-class EnvironmentError : public Error {
- public:
-  explicit EnvironmentError(const std::string& message) : Error(ErrorKind::environment, message) {}
 };
 
 /// Where this process sits in a job and how to reach rank 0.

@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "lockstep/environments/cluster_environment.h"
+#include <lockstep/environments/cluster_environment.h>
 
 namespace lockstep {
 namespace environments {

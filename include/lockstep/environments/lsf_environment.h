@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "lockstep/environments/cluster_environment.h"
+#include <lockstep/environments/cluster_environment.h>
 
 namespace lockstep {
 namespace environments {

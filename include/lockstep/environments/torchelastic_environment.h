@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "lockstep/environments/cluster_environment.h"
+#include <lockstep/environments/cluster_environment.h>
 
 namespace lockstep {
 namespace environments {

@@ -6,9 +6,9 @@
 #include <optional>
 #include <string>
 
-#include "lockstep/distributed/placement.h"
-#include "lockstep/launchers/launch_options.h"
-#include "lockstep/launchers/launcher.h"
+#include <lockstep/distributed/placement.h>
+#include <lockstep/launchers/launch_options.h>
+#include <lockstep/launchers/launcher.h>
 
 namespace lockstep {
 namespace launchers {

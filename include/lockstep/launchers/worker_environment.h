@@ -6,7 +6,7 @@
 
 #include <torch/version.h>
 
-#include "lockstep/launchers/launch_options.h"
+#include <lockstep/launchers/launch_options.h>
 
 namespace lockstep {
 namespace launchers {

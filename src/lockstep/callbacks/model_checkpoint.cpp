@@ -77,8 +77,9 @@ std::optional<double> read_score(const c10::impl::GenericDict& dict, const std::
 
 /// What rank 0 decided at one top-k save point; every rank carries it out.
 struct ModelCheckpoint::TopKDecision {
-  std::string error;  ///< non-empty: every rank throws it
-  bool usage_error = true;
+  std::string error;  ///< non-empty: every rank throws it, as a lockstep::Error of this kind and code
+  ErrorKind error_kind = ErrorKind::usage;
+  int exit_code = default_exit_code(ErrorKind::usage);
   std::string save;    ///< the checkpoint to write, or ""
   std::string remove;  ///< the checkpoint that fell out of the top k, or ""
 };
@@ -220,17 +221,20 @@ void ModelCheckpoint::save_topk(TrainerView& trainer, bool epoch_end) {
   if (trainer.is_global_zero()) {
     try {
       decision = decide_topk(trainer, monitor_candidates(trainer), epoch_end);
-    } catch (const UsageError& e) {
+    } catch (const Error& e) {
       decision.error = e.what();
+      decision.error_kind = e.kind();
+      decision.exit_code = e.exit_code();
     } catch (const std::exception& e) {
-      decision.error = e.what();
-      decision.usage_error = false;
+      decision.error = "ModelCheckpoint could not choose the checkpoints to keep: " + message_of(e);
+      decision.error_kind = ErrorKind::training;
+      decision.exit_code = default_exit_code(ErrorKind::training);
     }
   }
   decision = share(trainer, std::move(decision));
   if (!decision.error.empty()) {
-    if (decision.usage_error) throw UsageError(decision.error);
-    throw std::runtime_error(decision.error);
+    if (decision.error_kind == ErrorKind::usage) throw UsageError(decision.error);
+    throw Error(decision.error_kind, decision.error, decision.exit_code);
   }
   if (!decision.save.empty()) save(trainer, decision.save);
   if (!decision.remove.empty() && trainer.is_global_zero()) trainer.remove_checkpoint(decision.remove);
@@ -241,14 +245,16 @@ ModelCheckpoint::TopKDecision ModelCheckpoint::share(TrainerView& trainer, TopKD
   if (trainer.world_size() == 1) return decision;
   c10::impl::GenericDict message(c10::StringType::get(), c10::AnyType::get());
   message.insert("error", decision.error);
-  message.insert("usage_error", decision.usage_error);
+  message.insert("error_kind", static_cast<int64_t>(decision.error_kind));
+  message.insert("exit_code", static_cast<int64_t>(decision.exit_code));
   message.insert("save", decision.save);
   message.insert("remove", decision.remove);
   message.insert("state", state_dict());
   const auto shared = trainer.broadcast(c10::IValue(message), 0).toGenericDict();
   if (!trainer.is_global_zero()) apply_state(shared.at("state").toGenericDict());
   decision.error = shared.at("error").toStringRef();
-  decision.usage_error = shared.at("usage_error").toBool();
+  decision.error_kind = static_cast<ErrorKind>(shared.at("error_kind").toInt());
+  decision.exit_code = static_cast<int>(shared.at("exit_code").toInt());
   decision.save = shared.at("save").toStringRef();
   decision.remove = shared.at("remove").toStringRef();
   return decision;

@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
-#include <system_error>
 
 #include <caffe2/serialize/inline_container.h>
 #include <c10/util/Exception.h>
@@ -30,10 +29,9 @@ const char* const kResumeHint =
     "Pass a checkpoint written by Lockstep (--ckpt-path PATH, or --ckpt-path last for the newest one)";
 
 [[noreturn]] void fail_write(const std::string& path, const std::string& what, int error) {
-  throw std::system_error(error, std::generic_category(),
-                          "saving checkpoint '" + path + "' failed while " + what +
-                              "; the previous file at that path (if any) is unchanged. Check that the "
-                              "directory is writable and the disk has space");
+  throw IoError("saving checkpoint", path, error,
+                "It failed while " + what + "; the previous file at that path (if any) is unchanged. Check "
+                "that the directory is writable and that the disk has free space.");
 }
 
 // A new file `<target>.tmp.XXXXXX` beside the target, created exclusively (mkostemp: O_EXCL, so
@@ -229,7 +227,10 @@ Checkpoint CheckpointIO::load(const std::string& path) const {
 void CheckpointIO::remove(const std::string& path) const {
   std::error_code error;
   fs::remove(path, error);
-  if (error) throw std::system_error(error, "removing checkpoint '" + path + "' failed");
+  if (error) {
+    throw IoError("removing checkpoint", path, error,
+                  "Check that its folder is writable: removing a file needs write permission on the folder.");
+  }
 }
 
 void require_keys(const Checkpoint& checkpoint, const std::vector<std::string>& keys, const std::string& path) {

@@ -70,7 +70,8 @@ Batch DataLoader::load(int64_t i) const {
 
 Batch DataLoader::batch(int64_t i) {
   if (i < 0 || i >= num_batches()) {
-    throw std::out_of_range("DataLoader: batch " + std::to_string(i) + " of " + std::to_string(num_batches()));
+    throw UsageError("DataLoader::batch: index " + std::to_string(i) + " is outside [0, " +
+                     std::to_string(num_batches()) + "), the batches of this epoch; use an index below num_batches().");
   }
   Batch result;
   if (prefetch_->index == i && prefetch_->batch.valid()) {

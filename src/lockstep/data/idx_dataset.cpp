@@ -6,7 +6,6 @@
 #include <climits>
 #include <cstring>
 #include <filesystem>
-#include <stdexcept>
 #include <system_error>
 
 #include <torch/torch.h>
@@ -210,8 +209,8 @@ void IdxDataset::fill(int64_t index, float* out) const {
 
 torch::data::Example<> IdxDataset::get(size_t index) {
   if (index >= static_cast<size_t>(images_.size(0))) {
-    throw std::out_of_range("IdxDataset::get: index " + std::to_string(index) + " is past the last of " +
-                            std::to_string(images_.size(0)) + " examples");
+    throw UsageError("IdxDataset::get: index " + std::to_string(index) + " is past the last of its " +
+                     std::to_string(images_.size(0)) + " examples; use an index in [0, size()).");
   }
   auto data = torch::empty(example_shape(), torch::kFloat32);
   fill(static_cast<int64_t>(index), data.data_ptr<float>());
@@ -226,8 +225,8 @@ torch::data::Example<> IdxDataset::gather(const std::vector<int64_t>& indices) c
   const int64_t pixels = rows() * cols(), count = images_.size(0);
   for (size_t i = 0; i < indices.size(); ++i) {
     if (indices[i] < 0 || indices[i] >= count) {
-      throw std::out_of_range("IdxDataset::gather: index " + std::to_string(indices[i]) + " is outside [0, " +
-                              std::to_string(count) + ")");
+      throw UsageError("IdxDataset::gather: index " + std::to_string(indices[i]) + " is outside [0, " +
+                       std::to_string(count) + "), the examples of this dataset; use indices below size().");
     }
     fill(indices[i], out + static_cast<int64_t>(i) * pixels);
   }

@@ -3,7 +3,10 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
-#include <stdexcept>
+#include <string>
+
+#include <lockstep/core/error.h>
+#include <lockstep/distributed/distributed_error.h>
 
 namespace lockstep {
 namespace distributed {
@@ -15,8 +18,9 @@ at::Tensor first_tensor(const c10::IValue& value) {
   if (value.isList() && !value.toList().empty() && value.toList().get(0).isTensor()) {
     return value.toList().get(0).toTensor();
   }
-  throw std::runtime_error("the comm hook's future holds a " + value.tagKind() +
-                           ", not a tensor or a list of tensors.");
+  throw UsageError("the comm hook's future holds a " + value.tagKind() +
+                   ", not a tensor or a list of tensors; complete it with the reduced bucket, e.g. "
+                   "work->getFuture() of an allreduce of bucket.buffer().");
 }
 
 // Waits for a c10 future for at most `timeout` (ivalue::Future::wait has no timeout).
@@ -36,7 +40,9 @@ void wait_with_timeout(const c10::intrusive_ptr<c10::ivalue::Future>& future, st
   });
   std::unique_lock<std::mutex> lock(signal->mutex);
   if (!signal->cv.wait_for(lock, timeout, [&] { return signal->done; })) {
-    throw std::runtime_error("the comm hook's future did not complete in time");
+    throw DistributedError("the comm hook's future did not complete within " + std::to_string(timeout.count()) +
+                           " ms; a rank may have died or stopped calling backward. Check the other ranks' logs, "
+                           "or raise the process group's timeout.");
   }
 }
 
@@ -58,7 +64,9 @@ at::Tensor BucketFuture::wait(std::chrono::milliseconds timeout) {
   }
   if (future_) {
     wait_with_timeout(future_, timeout);
-    if (future_->hasError()) throw std::runtime_error(future_->tryRetrieveErrorMessage());
+    if (future_->hasError()) {
+      throw DistributedError("the comm hook's future completed with an error: " + future_->tryRetrieveErrorMessage());
+    }
     auto value = first_tensor(future_->value());
     return finish_value_ ? finish_value_(value) : value;
   }

@@ -102,7 +102,8 @@ c10d::ReduceOp c10d_op(ReduceOp op) {
     case ReduceOp::product:
       return c10d::ReduceOp::PRODUCT;
   }
-  throw std::logic_error("unknown ReduceOp");
+  throw UsageError("ReduceOp " + std::to_string(static_cast<int>(op)) +
+                   " is not one of sum, mean, max, min, product; pass a ReduceOp value or parse_reduce_op(name).");
 }
 
 // NCCL reduces CUDA tensors only: a CPU tensor goes through the group's device (and back, by the

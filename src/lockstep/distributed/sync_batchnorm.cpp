@@ -285,7 +285,7 @@ void check_replaced_batchnorms_unused(const torch::nn::Module& module) {
     auto* sync = dynamic_cast<SyncBatchNormImpl*>(item.value().get());
     if (!sync || !sync->replaced_counter.defined()) continue;
     if (sync->replaced_counter.item<int64_t>() == sync->replaced_counter_at_conversion) continue;
-    throw std::logic_error(
+    throw UsageError(
         "convert_sync_batchnorm replaced the BatchNorm '" + item.key() +
         "' by a SyncBatchNorm, but the model's forward still called the original BatchNorm (a typed member such "
         "as `torch::nn::BatchNorm2d bn;` keeps pointing to it; C++ cannot rebind it), so its statistics are not "

@@ -1,16 +1,16 @@
-#include "lockstep/environments/cluster_environment.h"
+#include <lockstep/environments/cluster_environment.h>
 
 #include <cctype>
 #include <climits>
 #include <fstream>
 #include <sstream>
 
-#include "lockstep/environments/kubeflow_environment.h"
-#include "lockstep/environments/local_environment.h"
-#include "lockstep/environments/lsf_environment.h"
-#include "lockstep/environments/mpi_environment.h"
-#include "lockstep/environments/slurm_environment.h"
-#include "lockstep/environments/torchelastic_environment.h"
+#include <lockstep/environments/kubeflow_environment.h>
+#include <lockstep/environments/local_environment.h>
+#include <lockstep/environments/lsf_environment.h>
+#include <lockstep/environments/mpi_environment.h>
+#include <lockstep/environments/slurm_environment.h>
+#include <lockstep/environments/torchelastic_environment.h>
 
 extern char** environ;
 

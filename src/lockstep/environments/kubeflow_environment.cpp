@@ -1,4 +1,4 @@
-#include "lockstep/environments/kubeflow_environment.h"
+#include <lockstep/environments/kubeflow_environment.h>
 
 #include <string>
 

@@ -1,4 +1,4 @@
-#include "lockstep/environments/local_environment.h"
+#include <lockstep/environments/local_environment.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -1,4 +1,4 @@
-#include "lockstep/environments/lsf_environment.h"
+#include <lockstep/environments/lsf_environment.h>
 
 #include <unistd.h>
 

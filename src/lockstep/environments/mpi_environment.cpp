@@ -1,8 +1,8 @@
-#include "lockstep/environments/mpi_environment.h"
+#include <lockstep/environments/mpi_environment.h>
 
 #include <string>
 
-#include "lockstep/environments/slurm_environment.h"
+#include <lockstep/environments/slurm_environment.h>
 
 namespace lockstep {
 namespace environments {

@@ -1,4 +1,4 @@
-#include "lockstep/environments/slurm_environment.h"
+#include <lockstep/environments/slurm_environment.h>
 
 #include <cctype>
 #include <cstddef>

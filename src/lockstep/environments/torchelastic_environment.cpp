@@ -1,4 +1,4 @@
-#include "lockstep/environments/torchelastic_environment.h"
+#include <lockstep/environments/torchelastic_environment.h>
 
 #include <optional>
 #include <string>

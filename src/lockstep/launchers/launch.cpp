@@ -1,4 +1,4 @@
-#include "lockstep/launchers/launch.h"
+#include <lockstep/launchers/launch.h>
 
 #include <signal.h>
 
@@ -9,9 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "lockstep/launchers/launch_error.h"
-#include "lockstep/launchers/supervisor.h"
-#include "lockstep/launchers/worker_environment.h"
+#include <lockstep/launchers/launch_error.h>
+#include <lockstep/launchers/supervisor.h>
+#include <lockstep/launchers/worker_environment.h>
+
 #include "process_utils.h"
 
 namespace lockstep {

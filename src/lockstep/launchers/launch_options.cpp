@@ -1,10 +1,10 @@
-#include "lockstep/launchers/launch_options.h"
+#include <lockstep/launchers/launch_options.h>
 
 #include <unistd.h>
 
 #include <string>
 
-#include "lockstep/launchers/launch_error.h"
+#include <lockstep/launchers/launch_error.h>
 
 namespace lockstep {
 namespace launchers {

@@ -11,9 +11,10 @@
 #include <cstring>
 #include <iostream>
 
-#include "lockstep/launchers/launch_error.h"
-#include "lockstep/launchers/launcher.h"
-#include "lockstep/launchers/worker_environment.h"
+#include <lockstep/launchers/launch_error.h>
+#include <lockstep/launchers/launcher.h>
+#include <lockstep/launchers/worker_environment.h>
+
 #include "process_utils.h"
 
 namespace lockstep {

@@ -13,9 +13,9 @@
 #include <thread>
 #include <vector>
 
-#include "lockstep/distributed/placement.h"
-#include "lockstep/launchers/launch_options.h"
-#include "lockstep/launchers/supervisor.h"
+#include <lockstep/distributed/placement.h>
+#include <lockstep/launchers/launch_options.h>
+#include <lockstep/launchers/supervisor.h>
 
 namespace lockstep {
 namespace launchers {

@@ -1,4 +1,4 @@
-#include "lockstep/launchers/local_launcher.h"
+#include <lockstep/launchers/local_launcher.h>
 
 #include <chrono>
 #include <map>
@@ -6,7 +6,8 @@
 #include <thread>
 #include <vector>
 
-#include "lockstep/launchers/launch_error.h"
+#include <lockstep/launchers/launch_error.h>
+
 #include "local_job.h"
 #include "process_utils.h"
 

@@ -14,7 +14,7 @@
 #include <iterator>
 #include <sstream>
 
-#include "lockstep/launchers/launch_error.h"
+#include <lockstep/launchers/launch_error.h>
 
 extern char** environ;
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "lockstep/launchers/launch_options.h"
+#include <lockstep/launchers/launch_options.h>
 
 namespace lockstep {
 namespace launchers {

@@ -1,4 +1,4 @@
-#include "lockstep/launchers/supervisor.h"
+#include <lockstep/launchers/supervisor.h>
 
 #include <signal.h>
 #include <sys/prctl.h>
@@ -12,7 +12,8 @@
 #include <iostream>
 #include <thread>
 
-#include "lockstep/launchers/launch_error.h"
+#include <lockstep/launchers/launch_error.h>
+
 #include "process_utils.h"
 
 namespace lockstep {

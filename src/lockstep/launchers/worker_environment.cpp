@@ -1,4 +1,4 @@
-#include "lockstep/launchers/worker_environment.h"
+#include <lockstep/launchers/worker_environment.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -10,7 +10,8 @@
 #include <cstring>
 #include <string>
 
-#include "lockstep/launchers/launch_error.h"
+#include <lockstep/launchers/launch_error.h>
+
 #include "process_utils.h"
 
 namespace lockstep {

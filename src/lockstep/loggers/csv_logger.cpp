@@ -4,9 +4,11 @@
 #include <charconv>
 #include <cmath>
 #include <filesystem>
+#include <cerrno>
 #include <fstream>
-#include <system_error>
 #include <unordered_map>
+
+#include <lockstep/core/error.h>
 
 #include "run_directory.h"
 
@@ -129,7 +131,7 @@ void CSVLogger::log_metrics(const std::map<std::string, double>& metrics, int64_
   std::ofstream out(path, std::ios::app);
   out << join(row);
   out.flush();
-  if (!out) throw std::system_error(errno, std::generic_category(), "appending to '" + path + "' failed");
+  if (!out) throw IoError("appending a row to the metrics file", path, errno);
 }
 
 void CSVLogger::log_hyperparams(const nlohmann::json& params) { detail::write_hparams(log_dir(), params, hparams_); }

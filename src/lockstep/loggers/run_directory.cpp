@@ -157,13 +157,13 @@ void write_file_atomically(const std::string& path, const std::string& text) {
     if (!out) {
       const int error = errno;
       ::unlink(temp.c_str());
-      throw std::system_error(error, std::generic_category(), "writing '" + temp + "' failed");
+      throw IoError("writing", temp, error);
     }
   }
   if (::rename(temp.c_str(), path.c_str()) != 0) {
     const int error = errno;
     ::unlink(temp.c_str());
-    throw std::system_error(error, std::generic_category(), "renaming '" + temp + "' to '" + path + "' failed");
+    throw IoError("renaming '" + temp + "' to", path, error);
   }
 }
 

@@ -42,7 +42,7 @@ std::string to_yaml(const nlohmann::json& params);
 void write_hparams(const std::string& dir, const nlohmann::json& params, nlohmann::json& merged);
 
 /// Replaces `path` with `text` through `<path>.tmp.<pid>` and rename, so readers see the old or
-/// the new file, never a part. Throws std::system_error.
+/// the new file, never a part. Throws IoError naming the file that failed.
 void write_file_atomically(const std::string& path, const std::string& text);
 
 }  // namespace detail

@@ -6,7 +6,8 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <system_error>
+
+#include <lockstep/core/error.h>
 
 #include "run_directory.h"
 #include "tfrecord.h"
@@ -84,7 +85,7 @@ void TensorBoardLogger::open() {
   if (!event_path_.empty()) {  // Reopened after finalize: keep writing the same file.
     file_ = std::fopen(event_path_.c_str(), "ab");
     if (file_ == nullptr) {
-      throw std::system_error(errno, std::generic_category(), "reopening TensorBoard event file '" + event_path_ + "'");
+      throw IoError("reopening the TensorBoard event file", event_path_, errno);
     }
     return;
   }
@@ -94,7 +95,7 @@ void TensorBoardLogger::open() {
   event_path_ = (std::filesystem::path(log_dir()) / file_name).string();
   file_ = std::fopen(event_path_.c_str(), "wb");
   if (file_ == nullptr) {
-    throw std::system_error(errno, std::generic_category(), "creating TensorBoard event file '" + event_path_ + "'");
+    throw IoError("creating the TensorBoard event file", event_path_, errno);
   }
   std::string event;
   double_field(event, kEventWallTime, wall_time);
@@ -105,7 +106,7 @@ void TensorBoardLogger::open() {
 void TensorBoardLogger::write_record(const std::string& bytes) {
   const std::string framed = detail::tfrecord(bytes);
   if (std::fwrite(framed.data(), 1, framed.size(), file_) != framed.size() || std::fflush(file_) != 0) {
-    throw std::system_error(errno, std::generic_category(), "writing TensorBoard event file '" + event_path_ + "'");
+    throw IoError("writing the TensorBoard event file", event_path_, errno);
   }
 }
 

@@ -183,8 +183,10 @@ TEST(CheckpointIOTest, FailedWriteKeepsThePreviousFile) {
   std::string message;
   try {
     io.save(big, dir / "model.ckpt");
-  } catch (const std::system_error& e) {
+  } catch (const IoError& e) {
     message = e.what();
+    EXPECT_EQ(e.path(), dir / "model.ckpt");
+    EXPECT_EQ(e.kind(), ErrorKind::io);
   }
   ::setrlimit(RLIMIT_FSIZE, &saved);
   ::signal(SIGXFSZ, old_handler);
@@ -201,7 +203,7 @@ TEST(CheckpointIOTest, FailedRenameLeavesNoTemporaryFile) {
   fs::create_directories(dir / "taken.ckpt/inside");  // a non-empty directory cannot be renamed over
   auto ckpt = make_checkpoint();
   ckpt.insert("epoch", int64_t{1});
-  EXPECT_THROW(CheckpointIO().save(ckpt, dir / "taken.ckpt"), std::system_error);
+  EXPECT_THROW(CheckpointIO().save(ckpt, dir / "taken.ckpt"), IoError);
   EXPECT_TRUE(fs::is_directory(dir / "taken.ckpt/inside"));
   EXPECT_TRUE(temp_files(dir.path()).empty());
 }
@@ -231,14 +233,16 @@ TEST(CheckpointIOTest, UnwritableDirectoryIsAnErrorNamingThePath) {
   ckpt.insert("epoch", int64_t{1});
   try {
     CheckpointIO().save(ckpt, dir / "file/sub/last.ckpt");  // a parent is a regular file
-    FAIL() << "expected std::system_error";
-  } catch (const std::system_error& e) {
+    FAIL() << "expected IoError";
+  } catch (const IoError& e) {
     EXPECT_NE(std::string(e.what()).find(dir / "file/sub/last.ckpt"), std::string::npos) << e.what();
+    EXPECT_TRUE(e.code()) << e.what();
+    EXPECT_NE(std::string(e.what()).find(e.code().message()), std::string::npos) << e.what();
   }
   if (::geteuid() != 0) {  // root writes through permissions
     fs::create_directories(dir / "locked");
     fs::permissions(dir / "locked", fs::perms::owner_read | fs::perms::owner_exec);
-    EXPECT_THROW(CheckpointIO().save(ckpt, dir / "locked/last.ckpt"), std::system_error);
+    EXPECT_THROW(CheckpointIO().save(ckpt, dir / "locked/last.ckpt"), IoError);
   }
 }
 

@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cerrno>
+#include <system_error>
+
 namespace lockstep {
 namespace {
 
@@ -11,9 +14,25 @@ TEST(Error, TheKindDecidesTheExitCode) {
   EXPECT_EQ(Error(ErrorKind::environment, "x").exit_code(), 2);
   EXPECT_EQ(Error(ErrorKind::launch, "x").exit_code(), 2);
   EXPECT_EQ(Error(ErrorKind::distributed, "x").exit_code(), 1);
+  EXPECT_EQ(Error(ErrorKind::training, "x").exit_code(), 1);
+  EXPECT_EQ(Error(ErrorKind::io, "x").exit_code(), 1);
   const UsageError usage("bad");
   EXPECT_EQ(usage.kind(), ErrorKind::usage);
   EXPECT_STREQ(usage.what(), "bad");
+}
+
+TEST(Error, AnIoErrorNamesWhatFailedThePathTheReasonAndTheFix) {
+  const IoError error("appending a row to the metrics file", "runs/version_0/metrics.csv", ENOSPC);
+  EXPECT_EQ(error.kind(), ErrorKind::io);
+  EXPECT_EQ(error.exit_code(), 1);
+  EXPECT_EQ(error.path(), "runs/version_0/metrics.csv");
+  EXPECT_EQ(error.code(), std::errc::no_space_on_device);
+  EXPECT_EQ(std::string(error.what()),
+            "appending a row to the metrics file 'runs/version_0/metrics.csv' failed: " +
+                std::generic_category().message(ENOSPC) + ". " + IoError::kCheckFolder);
+  const IoError unset("writing", "f", 0, "Fix it.");
+  EXPECT_EQ(unset.code(), std::errc::io_error) << "a stream that failed without an errno";
+  EXPECT_EQ(std::string(unset.what()), "writing 'f' failed: " + std::generic_category().message(EIO) + ". Fix it.");
 }
 
 TEST(Error, CheckThrowsTheGivenClassWithTheJoinedMessageOnlyWhenTheConditionFails) {

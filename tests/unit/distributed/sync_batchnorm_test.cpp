@@ -294,7 +294,7 @@ TEST(SyncBatchNorm, ATypedMemberThatBypassesTheConversionIsAnError) {
     try {
       ddp.forward(torch::randn({4, 4}));
       ADD_FAILURE() << "rank " << g.rank() << ": no error";
-    } catch (const std::logic_error& e) {
+    } catch (const UsageError& e) {
       std::lock_guard<std::mutex> lock(mutex);
       errors.push_back(e.what());
     }

@@ -2,11 +2,13 @@
 #include <lockstep/loggers/csv_logger.h>
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <system_error>
 
 #include "../../support/temp_dir.h"
 
@@ -155,6 +157,54 @@ TEST(CSVLoggerTest, UnwritableRootIsAUsageErrorNamingIt) {
     EXPECT_NE(message.find(root / "file/logs"), std::string::npos) << message;
     EXPECT_NE(message.find("--default-root-dir"), std::string::npos) << message;
   }
+}
+
+// The run's folder vanished under the logger (a clean-up job, a wiped scratch disk): the next row
+// is an IoError naming the file and the OS's reason, which ends a program with exit code 1.
+TEST(CSVLoggerTest, AVanishedFolderIsAnIoErrorNamingTheFile) {
+  TempDir root{"lockstep_csv"};
+  CSVLogger logger(LoggerOptions(root.path()));
+  logger.log_metrics({{"loss", 1}}, 0);
+  fs::remove_all(logger.log_dir());
+  try {
+    logger.log_metrics({{"loss", 2}}, 1);
+    FAIL() << "expected IoError";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.path(), logger.metrics_file());
+    EXPECT_EQ(e.code(), std::errc::no_such_file_or_directory);
+    EXPECT_EQ(e.exit_code(), 1);
+    const std::string message = e.what();
+    EXPECT_EQ(message.rfind("appending a row to the metrics file '" + logger.metrics_file() + "' failed: " +
+                                e.code().message() + ". Check that its folder exists and is writable",
+                            0),
+              0u)
+        << message;
+  }
+  // A new column rewrites the file through a temporary one beside it.
+  try {
+    logger.log_metrics({{"acc", 1}}, 2);
+    FAIL() << "expected IoError";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.path().rfind(logger.metrics_file() + ".tmp.", 0), 0u) << e.path();
+    EXPECT_NE(std::string(e.what()).find(e.path()), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(logger.log_hyperparams({{"lr", 0.1}}), IoError);
+}
+
+TEST(CSVLoggerTest, AReadOnlyFolderIsAnIoErrorNamingTheFile) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root writes through permissions";
+  TempDir root{"lockstep_csv"};
+  CSVLogger logger(LoggerOptions(root.path()));
+  logger.log_metrics({{"loss", 1}}, 0);
+  fs::permissions(logger.log_dir(), fs::perms::owner_read | fs::perms::owner_exec);
+  try {
+    logger.log_metrics({{"acc", 1}}, 1);
+    ADD_FAILURE() << "expected IoError";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.code(), std::errc::permission_denied) << e.what();
+    EXPECT_NE(std::string(e.what()).find(logger.log_dir()), std::string::npos) << e.what();
+  }
+  fs::permissions(logger.log_dir(), fs::perms::owner_all);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include <lockstep/loggers/tensorboard_logger.h>
 
+#include <lockstep/core/error.h>
 #include <lockstep/loggers/csv_logger.h>
 #include <lockstep/trainer/trainer.h>
 
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <system_error>
 
 // The event file is decoded here without any of the logger's code: a bitwise CRC32C, the TFRecord
 // framing and the protobuf wire format, each written from their specifications.
@@ -268,6 +270,24 @@ TEST(TensorBoardLoggerTest, LoggingAfterFinalizeAppendsToTheSameFile) {
   const auto records = read_records(logger.event_file());
   ASSERT_EQ(records.size(), 3u);
   EXPECT_EQ(parse_event(records[2]).step, 2);
+}
+
+TEST(TensorBoardLoggerTest, AVanishedFolderIsAnIoErrorNamingTheEventFile) {
+  TempDir root{"lockstep_tb"};
+  TensorBoardLogger logger(LoggerOptions(root.path()));
+  logger.log_metrics({{"loss", 2}}, 1);
+  logger.finalize("success");
+  fs::remove_all(logger.log_dir());
+  try {
+    logger.log_metrics({{"loss", 1}}, 2);
+    FAIL() << "expected IoError";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.path(), logger.event_file());
+    EXPECT_EQ(e.code(), std::errc::no_such_file_or_directory);
+    EXPECT_NE(std::string(e.what()).find("reopening the TensorBoard event file '" + logger.event_file() + "'"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(TensorBoardLoggerTest, VersionsAndHparamsMatchTheCsvLogger) {
