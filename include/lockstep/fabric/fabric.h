@@ -30,9 +30,9 @@
 #include <lockstep/fabric/fabric_state.h>
 #include <lockstep/launchers/launcher.h>
 #include <lockstep/loggers/logger.h>
-#include <lockstep/strategies/strategy.h>
 #include <lockstep/plan/connector.h>
 #include <lockstep/plan/grad_scaler.h>
+#include <lockstep/strategies/strategy.h>
 
 namespace lockstep {
 

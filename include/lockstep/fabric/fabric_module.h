@@ -14,10 +14,10 @@
 #include <lockstep/core/batch.h>
 #include <lockstep/data/data_loader.h>
 #include <lockstep/distributed/output_tensors.h>
-#include <lockstep/strategies/strategy.h>
-#include <lockstep/strategies/wrapped_module.h>
 #include <lockstep/plan/grad_scaler.h>
 #include <lockstep/plan/precision.h>
+#include <lockstep/strategies/strategy.h>
+#include <lockstep/strategies/wrapped_module.h>
 
 namespace lockstep {
 

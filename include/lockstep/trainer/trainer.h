@@ -16,9 +16,9 @@
 #include <lockstep/core/training_module.h>
 #include <lockstep/data/data_loader.h>
 #include <lockstep/distributed/agreed_stop.h>
-#include <lockstep/strategies/strategy.h>
 #include <lockstep/plan/connector.h>
 #include <lockstep/plan/grad_scaler.h>
+#include <lockstep/strategies/strategy.h>
 #include <lockstep/trainer/metrics.h>
 #include <lockstep/trainer/trainer_options.h>
 

@@ -24,8 +24,8 @@ using V = std::vector<int>;
 using testing::FakeGpus;
 using testing::error_of;
 
-TrainerOptions cuda(const std::string& devices) {
-  return TrainerOptions().accelerator("cuda").devices(devices).process_group_backend("gloo");
+PlanOptions cuda(const std::string& devices) {
+  return PlanOptions().accelerator("cuda").devices(devices).process_group_backend("gloo");
 }
 
 // A process started by torchrun (or by Lockstep's own launcher) as local rank 1 of 2.
@@ -56,7 +56,7 @@ TEST(ConnectorGpus, AutoSelectKeepsNamedIdsAndIgnoresCpu) {
   FakeGpus gpus{{0, 1, 2, 3}};
   auto plan = resolve_plan(cuda("0,3").auto_select_gpus(true), environments::Environ(), nullptr, 4, gpus.probe());
   EXPECT_EQ(plan.context.gpu_ids, (V{0, 3}));
-  plan = resolve_plan(TrainerOptions().accelerator("cpu").devices("1").auto_select_gpus(true), environments::Environ(),
+  plan = resolve_plan(PlanOptions().accelerator("cpu").devices("1").auto_select_gpus(true), environments::Environ(),
                       nullptr, 4, gpus.probe());
   EXPECT_EQ(plan.context.accelerator, accelerators::Accelerator::cpu);
   EXPECT_TRUE(plan.context.gpu_ids.empty());
@@ -98,7 +98,7 @@ TEST(ConnectorGpus, TheLauncherHandsThePickToItsWorkers) {
 // After a launch the plan keeps its decisions and takes the launched process's placement; no
 // second pass over the environment.
 TEST(ConnectorPlan, ALaunchedProcessTakesItsPlacement) {
-  auto plan = resolve_plan(TrainerOptions().accelerator("cpu").devices("2").precision("64"), environments::Environ(),
+  auto plan = resolve_plan(PlanOptions().accelerator("cpu").devices("2").precision("64"), environments::Environ(),
                            nullptr, 0);
   ASSERT_EQ(plan.context.environment->name(), "local");
   distributed::Placement placement;
