@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -142,6 +143,7 @@ TEST(FabricDDP, PlainBackwardAveragesLikeFabricBackward) {
     const auto rank0 = load_tensors(dir / (name + "/params.0.pt"));
     EXPECT_EQ(max_diff(rank0, load_tensors(dir / (name + "/params.1.pt"))), 0.0) << name << ": the replicas drifted";
     EXPECT_LE(max_diff(single, rank0), 1e-6) << name;
+    std::cout << "[ plain backward ] " << name << ": max |diff| to one process " << max_diff(single, rank0) << "\n";
   }
   EXPECT_GT(max_diff(load_tensors(dir / "accumulated/accumulated.0.pt"), load_tensors(dir / "accumulated/accumulated.1.pt")),
             1e-4) << "the gradients under no_backward_sync must not be reduced";
@@ -171,6 +173,7 @@ TEST(FabricDDP, TwoModulesAndTwoOptimizersEqualOneProcess) {
     const auto rank0 = load_tensors(dir / (std::string(how) + "/params.0.pt"));
     EXPECT_EQ(max_diff(rank0, load_tensors(dir / (std::string(how) + "/params.1.pt"))), 0.0) << how << ": the replicas drifted";
     EXPECT_LE(max_diff(single, rank0), 1e-6) << how;
+    std::cout << "[ two modules ] " << how << ": max |diff| to one process " << max_diff(single, rank0) << "\n";
   }
 }
 
