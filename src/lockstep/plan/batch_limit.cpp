@@ -31,6 +31,8 @@ BatchLimit BatchLimit::parse(const std::string& text, const std::string& flag) {
                    ": a fraction must be at most 1.0; for a count write an integer.");
     return BatchLimit(*value);
   }
+  LOCKSTEP_CHECK(*value < 9.0e18, UsageError, flag, " ", text, ": too many batches to count; use a smaller count, ",
+                 "or 1.0 for all of them.");
   return BatchLimit(static_cast<int64_t>(*value));
 }
 

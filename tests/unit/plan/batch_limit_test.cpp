@@ -39,6 +39,7 @@ TEST(BatchLimit, BadValuesNameTheFlagAndTheFix) {
   EXPECT_NE(error_of("1.5").find("at most 1.0; for a count write an integer"), std::string::npos);
   EXPECT_NE(error_of("-2").find("must be 0 or more"), std::string::npos);
   EXPECT_NE(error_of("nan").find("neither a fraction"), std::string::npos);
+  EXPECT_NE(error_of("99999999999999999999").find("too many batches"), std::string::npos);
   EXPECT_THROW(BatchLimit(1.5), UsageError);
   EXPECT_THROW(BatchLimit(-1), UsageError);
 }
