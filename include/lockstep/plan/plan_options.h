@@ -30,7 +30,8 @@ struct PlanOptions {
   TORCH_ARG(std::string, precision) = "32-true";
   /// Replace BatchNorm layers by SyncBatchNorm under DDP. Default: false.
   TORCH_ARG(bool, sync_batchnorm) = false;
-  /// gloo|nccl|mpi; "" picks gloo on cpu, nccl on cuda. Default: "".
+  /// gloo or nccl (the backends this build can create; mpi is refused); "" picks gloo on cpu,
+  /// nccl on cuda. Default: "".
   TORCH_ARG(std::string, process_group_backend) = "";
   /// Seconds any collective may block before it fails, naming itself. Default: 1800.
   TORCH_ARG(double, timeout) = 1800.0;
