@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <sstream>
 #include <tuple>
@@ -62,6 +63,25 @@ ParityMlp rank_model(const ProcessGroup& g, const std::vector<at::Tensor>& init)
 }
 
 void single_threaded() { torch::set_num_threads(1); }
+
+// Runs `body` on `world` thread ranks, each expected to throw an `Expected`; returns the messages,
+// one per rank that threw it (a rank whose body returned is a test failure; another exception
+// fails the test). Hooks' errors reach backward's caller as c10::Error, hence std::exception.
+template <typename Expected = std::exception>
+std::vector<std::string> errors_on_every_rank(int world, const std::function<void(ProcessGroup&)>& body) {
+  std::mutex mutex;
+  std::vector<std::string> errors;
+  run_ranks(world, [&](ProcessGroup& g) {
+    try {
+      body(g);
+      ADD_FAILURE() << "rank " << g.rank() << ": no error";
+    } catch (const Expected& e) {
+      std::lock_guard<std::mutex> lock(mutex);
+      errors.push_back(message_of(e));
+    }
+  }, std::chrono::seconds(20));
+  return errors;
+}
 
 // ---- Parity: world size x gradient_as_bucket_view x bucket size x optimizer ------------------
 
@@ -159,17 +179,9 @@ INSTANTIATE_TEST_SUITE_P(WorldView, DDPNoSync, ::testing::Combine(::testing::Val
 
 TEST(DDP, ParameterMismatchNamesTheParameterAndTheRanks) {
   single_threaded();
-  std::mutex mutex;
-  std::vector<std::string> messages;
-  run_ranks(2, [&](ProcessGroup& g) {
+  const auto messages = errors_on_every_rank<DistributedError>(2, [](ProcessGroup& g) {
     ParityMlp model(g.rank() == 1 ? 32 : 16);
-    try {
-      DistributedDataParallel ddp(model, g);
-      ADD_FAILURE() << "rank " << g.rank() << ": no error";
-    } catch (const DistributedError& e) {
-      std::lock_guard<std::mutex> lock(mutex);
-      messages.push_back(e.what());
-    }
+    DistributedDataParallel ddp(model, g);
   });
   ASSERT_EQ(messages.size(), 2u);
   for (const auto& m : messages) {
@@ -574,21 +586,13 @@ TEST(DDP, NoCommunicationWithoutGradMode) {
 TEST(DDP, ABackwardThroughTheModuleItselfIsRefusedNotLeftLocal) {
   single_threaded();
   for (bool after_a_step : {false, true}) {
-    std::mutex mutex;
-    std::vector<std::string> errors;
-    run_ranks(2, [&](ProcessGroup& g) {
+    const auto errors = errors_on_every_rank(2, [&](ProcessGroup& g) {
       ParityMlp model;
       DistributedDataParallel ddp(model, g);
       const auto x = torch::full({2, 8}, static_cast<float>(g.rank() + 1));
       if (after_a_step) ddp(x).sum().backward();
-      try {
-        model->forward(x).sum().backward();
-        ADD_FAILURE() << "rank " << g.rank() << ": a backward that bypassed the wrapper was accepted";
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(mutex);
-        errors.push_back(message_of(e));
-      }
-    }, std::chrono::seconds(20));
+      model->forward(x).sum().backward();  // bypasses the wrapper
+    });
     ASSERT_EQ(errors.size(), 2u);
     for (const auto& m : errors) {
       EXPECT_NE(m.find("instead of its wrapper"), std::string::npos) << m;
