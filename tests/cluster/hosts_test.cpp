@@ -18,6 +18,7 @@
 #include "../support/written_parameters.h"
 
 namespace lockstep {
+namespace hosts_test {
 namespace {
 
 const std::string nodes_script = std::string(LOCKSTEP_SOURCE_DIR) + "/tests/cluster/nodes";
@@ -254,4 +255,5 @@ TEST_F(Hosts, UnevenNodesAreRefusedAtOnceWithTheReason) {
 }
 
 }  // namespace
+}  // namespace hosts_test
 }  // namespace lockstep

@@ -19,6 +19,7 @@
 #include "../support/written_parameters.h"
 
 namespace lockstep {
+namespace slurm_test {
 namespace {
 
 const std::string slurm_script = std::string(LOCKSTEP_SOURCE_DIR) + "/tests/cluster/slurm";
@@ -239,4 +240,5 @@ TEST_F(Slurm, WarningBeforeTheTimeLimitRequeuesAndResumes) {
 }
 
 }  // namespace
+}  // namespace slurm_test
 }  // namespace lockstep

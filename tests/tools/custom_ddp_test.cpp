@@ -10,6 +10,7 @@
 #include "../support/temp_dir.h"
 
 namespace lockstep {
+namespace custom_ddp_test {
 namespace {
 
 using testing::run_command;
@@ -77,4 +78,5 @@ TEST(CustomDdpExample, UnknownStrategyListsTheRegisteredOnes) {
 }
 
 }  // namespace
+}  // namespace custom_ddp_test
 }  // namespace lockstep

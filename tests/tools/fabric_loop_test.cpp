@@ -15,6 +15,7 @@
 #include "../support/command.h"
 #include "../support/paths.h"
 #include "../support/temp_dir.h"
+#include "../support/written_parameters.h"
 
 namespace lockstep {
 namespace {
@@ -66,29 +67,17 @@ std::map<std::string, torch::Tensor> fashion_mnist(const std::string& root, cons
   return parameters_in(newest);
 }
 
-double max_difference(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  EXPECT_FALSE(a.empty());
-  double worst = 0;
-  for (const auto& [name, tensor] : a) {
-    if (!b.count(name)) {
-      ADD_FAILURE() << name << " is missing";
-      continue;
-    }
-    worst = std::max(worst, (tensor - b.at(name)).abs().max().item<double>());
-  }
-  return worst;
-}
+using testing::max_diff;
 
 TEST(FabricLoop, EqualsTheTrainerOnTwoProcesses) {
   testing::TempDir dir("lockstep_fabric_loop_trainer");
   const std::vector<std::string> flags{"--max-steps", "20", "--devices", "2", "--strategy", "ddp", "--batch-size", "32"};
   const auto fabric = fabric_loop(dir / "fabric", flags);
   const auto trainer = fashion_mnist(dir / "trainer", flags);
-  const double diff = max_difference(fabric, trainer);
+  const double diff = max_diff(fabric, trainer);
   std::cout << "fabric_loop vs fashion_mnist, 2 processes, 20 steps: max |difference| " << diff << "\n";
   EXPECT_LE(diff, 1e-6);
-  EXPECT_GT(max_difference(fabric, fabric_loop(dir / "other", {"--max-steps", "5", "--devices", "1", "--momentum", "0.5"})),
+  EXPECT_GT(max_diff(fabric, fabric_loop(dir / "other", {"--max-steps", "5", "--devices", "1", "--momentum", "0.5"})),
             1e-3) << "other settings must give other weights";
 }
 
@@ -97,7 +86,7 @@ TEST(FabricLoop, EqualsTheTrainerWithAccumulationAndClipping) {
   testing::TempDir dir("lockstep_fabric_loop_accumulate");
   const std::vector<std::string> flags{"--max-steps", "6", "--devices", "2", "--strategy", "ddp", "--batch-size", "16",
                                        "--accumulate-grad-batches", "3", "--gradient-clip-val", "0.5"};
-  const double diff = max_difference(fabric_loop(dir / "fabric", flags), fashion_mnist(dir / "trainer", flags));
+  const double diff = max_diff(fabric_loop(dir / "fabric", flags), fashion_mnist(dir / "trainer", flags));
   std::cout << "fabric_loop vs fashion_mnist, accumulating 3, clipping 0.5: max |difference| " << diff << "\n";
   EXPECT_LE(diff, 1e-6);
 }
@@ -106,7 +95,7 @@ TEST(FabricLoop, TwoRanksEqualOneProcessOnTheDoubledBatch) {
   testing::TempDir dir("lockstep_fabric_loop_parity");
   const auto one = fabric_loop(dir / "one", {"--max-steps", "10", "--devices", "1", "--batch-size", "64"});
   const auto two = fabric_loop(dir / "two", {"--max-steps", "10", "--devices", "2", "--strategy", "ddp", "--batch-size", "32"});
-  const double diff = max_difference(one, two);
+  const double diff = max_diff(one, two);
   std::cout << "fabric_loop, 2 ranks x 32 vs 1 process x 64, 10 steps: max |difference| " << diff << "\n";
   EXPECT_LE(diff, 1e-6);
 }

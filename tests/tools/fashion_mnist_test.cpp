@@ -16,6 +16,7 @@
 #include "../support/command.h"
 #include "../support/paths.h"
 #include "../support/temp_dir.h"
+#include "../support/written_parameters.h"
 
 namespace lockstep {
 namespace {
@@ -49,19 +50,7 @@ std::map<std::string, torch::Tensor> train(const std::string& root, const std::v
   return params;
 }
 
-double max_difference(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  EXPECT_FALSE(a.empty());
-  double worst = 0;
-  for (const auto& [name, tensor] : a) {
-    if (!b.count(name)) {
-      ADD_FAILURE() << name << " is missing";
-      continue;
-    }
-    worst = std::max(worst, (tensor - b.at(name)).abs().max().item<double>());
-  }
-  return worst;
-}
+using testing::max_diff;
 
 class FashionMnistSeed : public ::testing::TestWithParam<int> {};
 
@@ -73,10 +62,10 @@ TEST_P(FashionMnistSeed, TwoRunsWithTheSameSeedEndIdentical) {
   const std::vector<std::string> flags{"--seed", "7", "--max-steps", "5", "--devices", devices, "--batch-size", "32"};
   const auto first = train(dir / "first", flags);
   const auto second = train(dir / "second", flags);
-  EXPECT_EQ(max_difference(first, second), 0.0) << devices << " process(es)";
+  EXPECT_EQ(max_diff(first, second), 0.0) << devices << " process(es)";
   auto other = flags;
   other[1] = "8";
-  EXPECT_GT(max_difference(first, train(dir / "other", other)), 1e-3) << "another seed must give other weights";
+  EXPECT_GT(max_diff(first, train(dir / "other", other)), 1e-3) << "another seed must give other weights";
 }
 
 INSTANTIATE_TEST_SUITE_P(Processes, FashionMnistSeed, ::testing::Values(1, 2));
@@ -86,7 +75,7 @@ TEST(FashionMnist, TwoRanksEqualOneProcessOnTheDoubledBatch) {
   const auto one = train(dir / "one", {"--seed", "7", "--max-steps", "5", "--devices", "1", "--batch-size", "64"});
   const auto two = train(dir / "two", {"--seed", "7", "--max-steps", "5", "--devices", "2", "--strategy", "ddp",
                                         "--batch-size", "32"});
-  EXPECT_LE(max_difference(one, two), 1e-6);
+  EXPECT_LE(max_diff(one, two), 1e-6);
 }
 
 // Resumed at an epoch boundary (5 batches an epoch), where the checkpoint holds the whole loop
@@ -104,8 +93,8 @@ TEST(FashionMnist, AResumedRunEqualsTheUninterruptedOne) {
   auto rest = flags;
   rest.insert(rest.end(), {"--max-epochs", "3", "--ckpt-path", "last"});
   const auto resumed = train(dir / "parts", rest);
-  EXPECT_GT(max_difference(halfway, resumed), 1e-4) << "the resumed run must have trained on";
-  EXPECT_EQ(max_difference(uninterrupted, resumed), 0.0);
+  EXPECT_GT(max_diff(halfway, resumed), 1e-4) << "the resumed run must have trained on";
+  EXPECT_EQ(max_diff(uninterrupted, resumed), 0.0);
 }
 
 }  // namespace

@@ -9,12 +9,10 @@
 #include <fstream>
 #include <sstream>
 
-#define STB_IMAGE_IMPLEMENTATION
-#define STB_IMAGE_STATIC  // each test file its own copy: they share one test program
-#include <stb/stb_image.h>
 
 #include "../support/command.h"
 #include "../support/paths.h"
+#include "../support/png_image.h"
 #include "../support/temp_dir.h"
 
 namespace lockstep {

@@ -8,19 +8,18 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
-#define STB_IMAGE_IMPLEMENTATION
-#define STB_IMAGE_STATIC  // each test file its own copy: they share one test program
-#include <stb/stb_image.h>
 
 #include <lockstep/environments/cluster_environment.h>
 #include <lockstep/launchers/worker_environment.h>
 
 #include "../support/command.h"
 #include "../support/paths.h"
+#include "../support/png_image.h"
 #include "../support/temp_dir.h"
 #include "../unit/launchers/process_support.h"
 
 namespace lockstep {
+namespace lockstep_test {
 namespace {
 
 using testing::run_command;
@@ -443,4 +442,5 @@ TEST(LockstepBadInput, ExitTwoWithTheFix) {
 }
 
 }  // namespace
+}  // namespace lockstep_test
 }  // namespace lockstep

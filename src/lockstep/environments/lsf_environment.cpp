@@ -44,7 +44,7 @@ std::optional<int> find_host(const std::vector<std::string>& hosts, const std::s
 }
 
 // Lightning's rule: the job id modulo 1000, in the 10k range.
-int port_from_job_id(const std::string& job_id) {
+int lsf_port_from_job_id(const std::string& job_id) {
   bool numeric = !job_id.empty() && job_id.size() <= 18;
   for (char c : job_id) numeric = numeric && c >= '0' && c <= '9';
   if (!numeric) {
@@ -117,7 +117,7 @@ LSFEnvironment::LSFEnvironment(const Environ& env, std::optional<std::string> ho
   if (auto port = env.get("MASTER_PORT")) {
     placement_.main_port = detail::parse_port("MASTER_PORT", *port);
   } else {
-    placement_.main_port = port_from_job_id(*env.get("LSB_JOBID"));
+    placement_.main_port = lsf_port_from_job_id(*env.get("LSB_JOBID"));
   }
 }
 

@@ -180,7 +180,7 @@ void expand_entry(const Entry& entry, std::size_t index, const std::string& pref
 }
 
 // Lightning's rule: the last 4 characters of the job id, read as a number, plus 15000.
-int port_from_job_id(const std::string& job_id) {
+int slurm_port_from_job_id(const std::string& job_id) {
   std::string tail = job_id.size() > 4 ? job_id.substr(job_id.size() - 4) : job_id;
   bool numeric = !tail.empty();
   for (char c : tail) numeric = numeric && std::isdigit(static_cast<unsigned char>(c));
@@ -281,7 +281,7 @@ SLURMEnvironment::SLURMEnvironment(const Environ& env) {
   if (auto port = env.get("MASTER_PORT")) {
     placement_.main_port = detail::parse_port("MASTER_PORT", *port);
   } else if (auto job_id = env.get("SLURM_JOB_ID")) {
-    placement_.main_port = port_from_job_id(*job_id);
+    placement_.main_port = slurm_port_from_job_id(*job_id);
   } else {
     placement_.main_port = 12910;  // Lightning's fallback when there is no job id
   }

@@ -11,7 +11,7 @@ namespace lockstep {
 namespace strategies {
 namespace {
 
-const bool registered = [] {
+const bool ddp_registered = [] {
   using distributed::DDPOptions;
   register_strategy("ddp", [] { return std::make_shared<DDPStrategy>(); },
                     "one process per device; re-executes the program for the other local ranks");

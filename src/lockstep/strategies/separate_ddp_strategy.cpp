@@ -8,7 +8,7 @@ namespace lockstep {
 namespace strategies {
 namespace {
 
-const bool registered = register_strategy(
+const bool ddp_separate_registered = register_strategy(
     "ddp_separate", [] { return std::make_shared<SeparateDDPStrategy>(); },
     "ddp with one DistributedDataParallel per child module (GANs: generator and discriminator)");
 

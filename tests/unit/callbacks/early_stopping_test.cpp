@@ -15,6 +15,7 @@
 #include "../../support/regression.h"
 
 namespace lockstep {
+namespace early_stopping_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -195,4 +196,5 @@ TEST_F(EarlyStoppingTest, MissingMonitorIsAUsageErrorUnlessNotStrict) {
 }
 
 }  // namespace
+}  // namespace early_stopping_test
 }  // namespace lockstep

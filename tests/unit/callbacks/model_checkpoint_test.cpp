@@ -19,6 +19,7 @@
 #include "../../support/regression.h"
 
 namespace lockstep {
+namespace model_checkpoint_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -365,4 +366,5 @@ TEST_F(ModelCheckpointTest, InvalidSettingsAreUsageErrors) {
 }
 
 }  // namespace
+}  // namespace model_checkpoint_test
 }  // namespace lockstep

@@ -15,6 +15,7 @@
 
 namespace lockstep {
 namespace checkpoint {
+namespace optimizer_state_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -210,5 +211,6 @@ TEST(OptimizerStateTest, MomentumBufferShapeMismatchIsAnError) {
 }
 
 }  // namespace
+}  // namespace optimizer_state_test
 }  // namespace checkpoint
 }  // namespace lockstep

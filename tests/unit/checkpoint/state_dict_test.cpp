@@ -8,6 +8,7 @@
 
 namespace lockstep {
 namespace checkpoint {
+namespace state_dict_test {
 namespace {
 
 // The same layers as this Python module, whose state_dict() keys the first test expects:
@@ -114,5 +115,6 @@ TEST(StateDictTest, ValuesAreConvertedToTheParameterDtype) {
 }
 
 }  // namespace
+}  // namespace state_dict_test
 }  // namespace checkpoint
 }  // namespace lockstep

@@ -14,6 +14,7 @@
 
 namespace lockstep {
 namespace distributed {
+namespace comm_hooks_test {
 namespace {
 
 using lockstep::testing::clone_all;
@@ -177,5 +178,6 @@ TEST(CommHook, AFailingHookNamesTheBucket) {
 }
 
 }  // namespace
+}  // namespace comm_hooks_test
 }  // namespace distributed
 }  // namespace lockstep

@@ -17,6 +17,7 @@
 
 namespace lockstep {
 namespace distributed {
+namespace ddp_test {
 namespace {
 
 using lockstep::testing::clone_all;
@@ -671,5 +672,6 @@ TEST(DDP, SyncEveryBackwardAveragesEachBackwardAndFindsUnusedAtItsEnd) {
 }
 
 }  // namespace
+}  // namespace ddp_test
 }  // namespace distributed
 }  // namespace lockstep

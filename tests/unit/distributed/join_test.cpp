@@ -15,6 +15,7 @@
 
 namespace lockstep {
 namespace distributed {
+namespace join_test {
 namespace {
 
 using lockstep::testing::clone_all;
@@ -356,5 +357,6 @@ TEST(DDPJoin, AnExceptionLeavingTheScopeSkipsTheShadowing) {
 }
 
 }  // namespace
+}  // namespace join_test
 }  // namespace distributed
 }  // namespace lockstep

@@ -15,6 +15,7 @@
 
 namespace lockstep {
 namespace distributed {
+namespace separate_ddp_test {
 namespace {
 
 using lockstep::testing::clone_all;
@@ -328,5 +329,6 @@ TEST(SeparateDDP, EachRankKeepsItsOwnBuffersByDefault) {
 }
 
 }  // namespace
+}  // namespace separate_ddp_test
 }  // namespace distributed
 }  // namespace lockstep

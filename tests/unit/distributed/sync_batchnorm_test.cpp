@@ -15,6 +15,7 @@
 
 namespace lockstep {
 namespace distributed {
+namespace sync_batchnorm_test {
 namespace {
 
 using lockstep::testing::clone_all;
@@ -333,5 +334,6 @@ TEST(SyncBatchNorm, MomentumNoneIsACumulativeAverageAsInBatchNorm) {
 }
 
 }  // namespace
+}  // namespace sync_batchnorm_test
 }  // namespace distributed
 }  // namespace lockstep

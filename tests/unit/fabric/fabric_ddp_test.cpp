@@ -14,6 +14,7 @@
 #include "../../support/command.h"
 #include "../../support/paths.h"
 #include "../../support/temp_dir.h"
+#include "../../support/written_parameters.h"
 
 namespace lockstep {
 namespace {
@@ -40,13 +41,7 @@ std::vector<torch::Tensor> load_tensors(const std::string& path) {
   return tensors;
 }
 
-double max_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  EXPECT_FALSE(a.empty());
-  double worst = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
-  return worst;
-}
+using testing::max_diff;
 
 TEST(FabricDDP, RanksAndCollectivesOnTwoProcesses) {
   testing::TempDir dir("lockstep_fabric_collectives");

@@ -18,6 +18,7 @@
 #include "../../support/paths.h"
 #include "../../support/regression.h"
 #include "../../support/temp_dir.h"
+#include "../../support/written_parameters.h"
 
 namespace lockstep {
 namespace {
@@ -42,12 +43,7 @@ std::shared_ptr<torch::optim::SGD> sgd(Net& net) {
   return std::make_shared<torch::optim::SGD>(net.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
 }
 
-double max_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
-  return worst;
-}
+using testing::max_diff;
 
 std::vector<torch::Tensor> grads(Net& net) {
   std::vector<torch::Tensor> out;
