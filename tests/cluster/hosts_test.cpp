@@ -157,10 +157,13 @@ TEST_F(Hosts, MpirunAcrossTheNodesTrainsAsLockstepLaunchDoes) {
   const std::vector<std::string> bench{bin + "/bench_ddp", "--model", "small", "--steps", "3", "--warmup", "1"};
   const auto launched = launch({2, 2}, bench);
   for (const auto& r : launched) ASSERT_EQ(r.exit_code, 0) << all_output(launched);
+  testing::TempDir session("lockstep_mpirun");
   std::vector<std::string> argv{nodes_script, "run", name_, "0", "mpirun", "--allow-run-as-root", "--oversubscribe",
                                 "--host", "node0:2,node1:2", "-np", "4",
                                 "--mca", "plm_rsh_agent", nodes_script + " rsh " + name_,
                                 "--mca", "oob_tcp_if_include", "eth0",
+                                // its own session folder: another mpirun may start beside it
+                                "--mca", "orte_tmpdir_base", session.path(),
                                 "-x", "MASTER_ADDR=" + address(0), "-x", "MASTER_PORT=29500", "-x", "OMP_NUM_THREADS=1"};
   argv.insert(argv.end(), bench.begin(), bench.end());
   const auto mpi = testing::run_command(argv, environment(), std::chrono::seconds(120));

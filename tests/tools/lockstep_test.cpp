@@ -274,17 +274,22 @@ TEST(LockstepLaunch, SiblingWorkersShareDDPGradientMemory) {
 }
 
 // Open MPI's mpirun (openmpi-bin, installed by scripts/setup) starts the ranks: Lockstep reads
-// its variables and trains the same job as when it launches itself.
-std::vector<std::string> mpirun(int ranks, const std::vector<std::string>& program) {
+// its variables and trains the same job as when it launches itself. Each mpirun keeps its session
+// folder under `session_base`: two mpiruns starting at once in /tmp race to create
+// /tmp/ompi.<host>.<uid>, and one fails ("mkdir ... File exists").
+std::vector<std::string> mpirun(int ranks, const std::vector<std::string>& program, const std::string& session_base) {
   std::vector<std::string> argv{"/usr/bin/mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
-                                std::to_string(ranks), "-x", "MASTER_PORT=" + std::to_string(launchers::find_free_port()),
+                                std::to_string(ranks), "--mca", "orte_tmpdir_base", session_base,
+                                "-x", "MASTER_PORT=" + std::to_string(launchers::find_free_port()),
                                 "-x", "OMP_NUM_THREADS=1"};
   argv.insert(argv.end(), program.begin(), program.end());
   return argv;
 }
 
 TEST(LockstepUnderMpirun, RanksSeeTheMpiJob) {
-  auto result = run_command(mpirun(2, {lockstep_bin, "env", "--json"}), plain_environment(), std::chrono::seconds(60));
+  testing::TempDir session("lockstep_mpirun");
+  auto result = run_command(mpirun(2, {lockstep_bin, "env", "--json"}, session.path()), plain_environment(),
+                            std::chrono::seconds(60));
   ASSERT_EQ(result.exit_code, 0) << result.err;
   std::set<int> ranks, local_ranks;
   for (const auto& line : result.out_lines()) {
@@ -308,7 +313,8 @@ TEST(LockstepUnderMpirun, DDPTrainsAsWhenItLaunchesItself) {
   std::vector<std::string> self{bench, "--nproc-per-node", "2"};
   self.insert(self.end(), flags.begin(), flags.end());
   std::vector<nlohmann::json> reports;
-  for (const auto& argv : {mpirun(2, program), self}) {
+  testing::TempDir session("lockstep_mpirun");
+  for (const auto& argv : {mpirun(2, program, session.path()), self}) {
     auto result = run_command(argv, plain_environment(), std::chrono::seconds(60));
     ASSERT_EQ(result.exit_code, 0) << result.err;
     reports.push_back(nlohmann::json::parse(result.out_lines().back()));
