@@ -1,4 +1,4 @@
-// Two rules of the source tree, each with a self-test on a synthetic tree:
+// Three rules of the source tree, each with a self-test on a synthetic tree:
 // - The folders of include/lockstep and src/lockstep depend one way: a folder includes only folders
 //   of lower layers (docs/architecture.md draws them). Every `#include <lockstep/...>` and every
 //   `#include "..."` (resolved beside the including file, then under include/ and src/) is read; an
@@ -6,6 +6,7 @@
 // - Every error Lockstep raises on purpose is a lockstep::Error: a `throw` of anything else, a
 //   std:: or c10:: exception built in place, TORCH_CHECK, or a LOCKSTEP_CHECK of a foreign class
 //   fails, naming the file and the line.
+// - Every option a user sets is read by some code (an option nothing reads does nothing).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -489,6 +490,89 @@ TEST(Architecture, AThrowOfAForeignExceptionIsNamed) {
   for (size_t i = 0; i < expected.size(); ++i) {
     EXPECT_EQ(offenders[i].rfind(expected[i], 0), 0u) << "offender " << i << ": " << offenders[i];
   }
+}
+
+
+// Options nothing reads. Every option a user sets (a TORCH_ARG field under include/lockstep:
+// TrainerOptions, FabricOptions through PlanOptions, DDPOptions, ...; a getter of LaunchOptions)
+// must be called as `name()` in the code of src/, tools/ or examples/ (comments and strings do not
+// count) outside the flag registration (src/lockstep/cli/trainer_flags.cpp, which only writes
+// them): an option nothing reads is a promise that does nothing. One line per unread option,
+// "include/lockstep/x.h: name() is read by nothing".
+std::vector<std::string> unread_options(const fs::path& root) {
+  static const std::regex torch_arg(R"(TORCH_ARG\(\s*[^,]+,\s*(\w+)\s*\))");
+  static const std::regex launch_getter(R"((\w+)\(\)\s*const\s*\{\s*return\s+\w+_;)");
+  std::vector<std::pair<std::string, std::string>> options;  // name, header
+  for (const auto& entry : fs::recursive_directory_iterator(root / "include/lockstep")) {
+    if (!entry.is_regular_file()) continue;
+    const std::string code = code_of(entry.path());
+    const std::string shown = fs::relative(entry.path(), root).generic_string();
+    for (const auto* pattern : {&torch_arg, &launch_getter}) {
+      if (pattern == &launch_getter && entry.path().filename() != "launch_options.h") continue;
+      for (std::sregex_iterator it(code.begin(), code.end(), *pattern), end; it != end; ++it) {
+        options.emplace_back((*it)[1], shown);
+      }
+    }
+  }
+  std::set<std::string> called;  // every `name()` of the readers' code
+  for (const char* top : {"src", "tools", "examples"}) {
+    if (!fs::exists(root / top)) continue;
+    for (const auto& entry : fs::recursive_directory_iterator(root / top)) {
+      const auto extension = entry.path().extension();
+      if (!entry.is_regular_file() || (extension != ".cpp" && extension != ".h")) continue;
+      if (entry.path().filename() == "trainer_flags.cpp") continue;
+      const std::string code = code_of(entry.path());
+      for (size_t open = code.find('('); open != std::string::npos; open = code.find('(', open + 1)) {
+        const size_t close = code.find_first_not_of(" \t\n", open + 1);
+        if (close == std::string::npos || code[close] != ')') continue;
+        size_t begin = open;
+        while (begin > 0 && is_identifier_char(code[begin - 1])) --begin;
+        called.insert(code.substr(begin, open - begin));
+      }
+    }
+  }
+  std::vector<std::string> unread;
+  for (const auto& [name, header] : options) {
+    if (!called.count(name)) unread.push_back(header + ": " + name + "() is read by nothing");
+  }
+  return unread;
+}
+
+TEST(Architecture, EveryOptionIsReadBySomething) {
+  const auto unread = unread_options(LOCKSTEP_SOURCE_DIR);
+  for (const auto& option : unread) ADD_FAILURE() << option << ": make it act (with a test), or remove it";
+  EXPECT_TRUE(unread.empty());
+}
+
+// The check names an option that only the flag registration and a comment mention, and passes
+// one that code reads, a TORCH_ARG field or a LaunchOptions getter.
+TEST(Architecture, AnOptionNothingReadsIsNamed) {
+  testing::TempDir dir("lockstep_unread");
+  const fs::path root = dir.path();
+  write(root / "include/lockstep/trainer/trainer_options.h",
+        "struct TrainerOptions {\n"
+        "  TORCH_ARG(int64_t, max_epochs) = -1;\n"
+        "  TORCH_ARG(std::string, promised) = \"x\";\n"
+        "};\n");
+  write(root / "include/lockstep/launchers/launch_options.h",
+        "class LaunchOptions {\n"
+        "  int nnodes() const { return nnodes_; }\n"
+        "  int forgotten() const { return forgotten_; }\n"
+        "};\n");
+  write(root / "src/lockstep/cli/trainer_flags.cpp", "void add(O& o) { flag(\"--promised\", o.promised()); }\n");
+  write(root / "src/lockstep/trainer/trainer.cpp",
+        "int epochs(const O& o) { return o.max_epochs( ); }  // o.promised() is not read here\n"
+        "const char* s = \"forgotten()\";\n");
+  write(root / "tools/lockstep/launch_command.cpp", "int n(const L& l) { return l.nnodes(); }\n");
+  const auto unread = unread_options(root);
+  const std::vector<std::string> expected = {
+      "include/lockstep/trainer/trainer_options.h: promised() is read by nothing",
+      "include/lockstep/launchers/launch_options.h: forgotten() is read by nothing",
+  };
+  std::vector<std::string> sorted_unread = unread, sorted_expected = expected;
+  std::sort(sorted_unread.begin(), sorted_unread.end());
+  std::sort(sorted_expected.begin(), sorted_expected.end());
+  EXPECT_EQ(sorted_unread, sorted_expected) << joined(unread);
 }
 
 }  // namespace
