@@ -150,8 +150,8 @@ class Gan : public TrainingModule {
   }
 
   // Every rank compares its parameters with rank 0's: SeparateDDP keeps them equal. (Buffers,
-  // the batch-norm statistics, are broadcast from rank 0 before each step, as PyTorch's DDP does,
-  // so after the last forward they hold each rank's own last update.)
+  // the batch-norm statistics, are not broadcast: as with MMEditing's wrapper, each rank keeps
+  // its own, updated from its own batches.)
   void on_fit_end() override {
     std::vector<torch::Tensor> flat;
     for (const auto& t : parameters()) flat.push_back(t.detach().reshape({-1}));
@@ -174,7 +174,7 @@ class Gan : public TrainingModule {
   void write_grid() {
     // In training mode, as DCGAN samples: batch norm normalises with the grid's own statistics
     // (the running averages, mixed over a whole epoch of a changing generator, blur the samples).
-    // Rank 0's running statistics take one extra update, which the next step's broadcast shares.
+    // Only rank 0's running statistics take this extra update (each rank keeps its own).
     torch::NoGradGuard no_grad;
     auto images = generator(fixed_noise_.to(device())).to(torch::kCPU);
     const int64_t n = flags_.grid, side = 28 * n;

@@ -96,6 +96,7 @@ class DistributedDataParallelBase : public Joinable {
   /// The module's parameters (for the optimizer).
   std::vector<at::Tensor> parameters() const { return module_->parameters(); }
   ProcessGroup& group() const { return group_; }
+  /// The options in effect: an unset broadcast_buffers reads as the value used (true here).
   const DDPOptions& options() const { return options_; }
   Reducer& reducer() { return *reducer_; }
   /// Why the buckets are not averaged through shared memory, e.g. "turned off in DDPOptions

@@ -1,6 +1,8 @@
 #pragma once
 /// Options for DistributedDataParallel.
 
+#include <optional>
+
 #include <torch/arg.h>
 
 #include <lockstep/distributed/comm_hooks.h>
@@ -19,14 +21,18 @@ struct DDPOptions {
   TORCH_ARG(double, first_bucket_mb) = 1;
   /// Find, after each forward, the parameters that did not take part (a forward that skips a
   /// branch) and count them as ready with zero gradient. Costs a walk of the autograd graph per
-  /// step; when false, a parameter without gradient is an error. Default: false.
+  /// step; when false, a parameter without gradient is an error. Default: false, as in PyTorch
+  /// and Lightning 2.x (Lightning 1.x's DDPPlugin defaulted to true; with the Trainer, --strategy
+  /// ddp_find_unused_parameters_true gives that).
   TORCH_ARG(bool, find_unused_parameters) = false;
   /// Make each parameter's .grad() a view into its bucket, saving a copy and the memory of one
   /// set of gradients. Default: false.
   TORCH_ARG(bool, gradient_as_bucket_view) = false;
   /// Broadcast rank 0's buffers (BatchNorm statistics, ...) before each training forward (grad
-  /// mode on, module training), as PyTorch does. Default: true.
-  TORCH_ARG(bool, broadcast_buffers) = true;
+  /// mode on, module training). Default: unset, which DistributedDataParallel takes as true (as
+  /// PyTorch) and SeparateDDP as false (as MMEditing's wrapper: each rank keeps its own), so
+  /// options passed for another reason leave each wrapper's default as it is.
+  TORCH_ARG(std::optional<bool>, broadcast_buffers) = std::nullopt;
   /// The set of used parameters and the order of their gradients is the same every step: the
   /// unused ones are found once, in the first step, and buckets follow the first step's order
   /// even with unused parameters. Default: false.

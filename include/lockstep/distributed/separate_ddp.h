@@ -48,7 +48,9 @@ inline std::vector<at::Tensor> to_device(const std::vector<at::Tensor>& tensors,
 
 /// SeparateDDP's defaults: DDPOptions' own, but without broadcast_buffers, as MMEditing's
 /// DistributedDataParallelWrapper (the per-submodule wrapper SeparateDDP follows) defaults to:
-/// each rank keeps its own BatchNorm running statistics.
+/// each rank keeps its own BatchNorm running statistics. SeparateDDP takes an unset
+/// broadcast_buffers as false too, so `DDPOptions().bucket_cap_mb(50)` keeps this default;
+/// `.broadcast_buffers(true)` broadcasts rank 0's before each training forward.
 inline DDPOptions separate_ddp_options() { return DDPOptions().broadcast_buffers(false); }
 
 /// One child of a SeparateDDP, typed: forward() moves tensor arguments to the process's device
@@ -101,7 +103,8 @@ class SeparateDDPChild {
 ///
 /// One device per process (`device_ids` holds at most one; empty: the device of the module's
 /// parameters, else CPU). Parameters registered on the root itself would belong to no DDP, and
-/// are an error. Defaults: separate_ddp_options() (applied to every child).
+/// are an error. Defaults: separate_ddp_options() (applied to every child; buffers are not
+/// broadcast unless `options` sets broadcast_buffers(true)).
 class SeparateDDP {
  public:
   SeparateDDP(std::shared_ptr<torch::nn::Module> module, ProcessGroup& group,
@@ -130,9 +133,10 @@ class SeparateDDP {
   ///   sep.prepare_forward();                  // once per step, before the forwards
   ///   auto d_loss = ...; sep.arm_for_backward(d_loss); d_loss.backward();
   ///   auto g_loss = ...; sep.arm_for_backward(g_loss); g_loss.backward();
-  /// prepare_forward() readies every wrapped child (buffers broadcast, buckets rebuilt once);
-  /// arm_for_backward(loss) arms the DistributedDataParallel of each child whose parameters
-  /// `loss` depends on, and only those, so that its backward reduces exactly their gradients.
+  /// prepare_forward() readies every wrapped child (buckets rebuilt once; buffers broadcast
+  /// with broadcast_buffers(true)); arm_for_backward(loss) arms the DistributedDataParallel of
+  /// each child whose parameters `loss` depends on, and only those, so that its backward reduces
+  /// exactly their gradients.
   /// Every rank must make the same calls in the same order (they are collectives).
   void prepare_forward() const;
   void arm_for_backward(const at::Tensor& loss) const;

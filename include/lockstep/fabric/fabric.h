@@ -21,6 +21,7 @@
 #include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
 
+#include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/data/data_loader.h>
 #include <lockstep/data/dataset.h>
 #include <lockstep/distributed/collectives.h>
@@ -94,6 +95,10 @@ class Fabric {
   void set_strategy(std::shared_ptr<strategies::Strategy> strategy);
   /// Where log() and log_dict() go (rank 0 writes). Default: none.
   void add_logger(std::shared_ptr<loggers::Logger> logger);
+  /// Where save(), load() and load_raw() write and read checkpoints (Lightning Fabric's
+  /// `plugins=[checkpoint_io]`): override CheckpointIO to store them elsewhere. Default: CheckpointIO.
+  void set_checkpoint_io(std::shared_ptr<checkpoint::CheckpointIO> io);
+  checkpoint::CheckpointIO& checkpoint_io() const { return *checkpoint_io_; }
 
   /// Resolves the options against the environment and starts the job: with --devices N and no
   /// scheduler, re-executes the program for local ranks 1..N-1 (as the Trainer does); under
@@ -243,8 +248,9 @@ class Fabric {
 
   /// Writes `state` to `path` in the Trainer's checkpoint format (Python's torch.load reads it):
   /// modules as their state_dict, optimizers in Python's layout, values as they are. Rank 0
-  /// writes, atomically; every rank waits for it. `filter` keeps, for a module's key, only the
-  /// state_dict entries it returns true for (e.g. the trainable parameters of a fine-tuned model).
+  /// writes, through checkpoint_io(); every rank waits for it. `filter` keeps, for a module's
+  /// key, only the state_dict entries it returns true for (e.g. the trainable parameters of a
+  /// fine-tuned model).
   void save(const std::string& path, const FabricState& state, const SaveFilter& filter = {});
   /// Restores every entry of `state` from the checkpoint at `path` (modules and optimizers in
   /// place, values replaced), on every rank. Returns the checkpoint's other entries. A missing
@@ -284,6 +290,7 @@ class Fabric {
   FabricOptions options_;
   std::shared_ptr<strategies::Strategy> user_strategy_;
   std::vector<std::shared_ptr<loggers::Logger>> loggers_;
+  std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io_ = std::make_shared<checkpoint::CheckpointIO>();
   std::vector<std::shared_ptr<FabricCallback>> callbacks_;
   std::optional<ExecutionPlan> plan_;
   std::unique_ptr<GradScaler> scaler_;  // 16-mixed only

@@ -15,7 +15,9 @@ namespace lockstep {
 namespace strategies {
 
 /// The module's children hold all its parameters (a generator and a discriminator, say); each
-/// backward reduces the gradients of exactly the children its loss depends on. Steps call the
+/// backward reduces the gradients of exactly the children its loss depends on. Buffers are not
+/// broadcast (each rank keeps its own BatchNorm statistics, as MMEditing's wrapper) unless the
+/// options set broadcast_buffers(true); other options leave that default. Steps call the
 /// children directly, as in single-process code:
 ///
 ///   auto fake = generator(z);

@@ -30,21 +30,54 @@ CLI::Option* add(CLI::App& app, const std::string& flag, T& value, const std::st
   return app.add_option(flag, value, help)->envname(variable_for(flag))->capture_default_str();
 }
 
-// Flags of Lightning 1.x that users still type: refused with what replaced them.
-void add_retired_flags(CLI::App& app) {
-  const std::pair<const char*, const char*> retired[] = {
-      {"--gpus", "Lightning 1.7 replaced it: use --accelerator cuda --devices N"},
-      {"--tpu-cores", "TPUs need torch_xla, which has no C++ frontend: use --accelerator cpu or cuda with --devices N"},
-      {"--num-processes", "Lightning 1.7 replaced it: use --accelerator cpu --devices N --strategy ddp"},
-  };
+using RetiredFlag = std::pair<const char*, const char*>;  // flag, what replaced it
+
+// Refused, as flag or as variable, with what replaced them; hidden from --help.
+void add_retired(CLI::App& app, const std::vector<RetiredFlag>& retired) {
   for (const auto& [flag, why] : retired) {
     const std::string name = flag, reason = why;
     app.add_option_function<std::string>(name, [name, reason](const std::string&) {
          throw CLI::ValidationError(name, reason);
        })
-        ->group("");  // hidden from --help
+        ->envname(variable_for(name))
+        ->group("");
   }
 }
+
+// Flags of the devices and precision that Lightning dropped and users still type.
+const std::vector<RetiredFlag> retired_plan_flags = {
+    {"--gpus", "Lightning 1.7 replaced it: use --accelerator cuda --devices N"},
+    {"--tpu-cores", "TPUs need torch_xla, which has no C++ frontend: use --accelerator cpu or cuda with --devices N"},
+    {"--ipus", "IPUs need poptorch, which has no C++ frontend: use --accelerator cpu or cuda with --devices N"},
+    {"--num-processes", "Lightning 1.7 replaced it: use --accelerator cpu --devices N --strategy ddp"},
+    {"--distributed-backend", "Lightning 1.5 replaced it: use --strategy ddp"},
+    {"--amp-backend", "Lightning 2.0 removed it: use --precision bf16-mixed or 16-mixed (LibTorch's autocast)"},
+    {"--amp-level", "Lightning 2.0 removed it: use --precision bf16-mixed or 16-mixed (LibTorch's autocast)"},
+};
+
+// The Trainer's other dropped flags (Fabric never had them: there they are unknown flags).
+const std::vector<RetiredFlag> retired_trainer_flags = {
+    {"--replace-sampler-ddp", "Lightning 2.0 renamed it: use --use-distributed-sampler true|false"},
+    {"--resume-from-checkpoint", "Lightning 2.0 replaced it: use --ckpt-path PATH (or --ckpt-path last)"},
+    {"--checkpoint-callback", "Lightning 1.7 replaced it: use --enable-checkpointing true|false"},
+    {"--weights-save-path", "Lightning 1.8 removed it: use --default-root-dir DIR (checkpoints go to "
+                            "DIR/lockstep_logs/version_N/checkpoints)"},
+    {"--log-gpu-memory", "Lightning 1.7 removed it (its DeviceStatsMonitor callback replaced it) and Lockstep "
+                         "logs no device memory: remove the flag and watch nvidia-smi"},
+    {"--progress-bar-refresh-rate", "Lightning 1.7 removed it: use --enable-progress-bar true|false (a "
+                                    "ProgressBar callback with ProgressBarOptions sets how often it prints)"},
+    {"--flush-logs-every-n-steps", "Lightning 1.7 removed it: remove the flag; the CSV logger writes each row "
+                                   "as it is logged, every --log-every-n-steps steps"},
+    {"--terminate-on-nan", "Lightning 1.7 removed it: remove the flag; a loss that is nan or inf stops every "
+                           "rank anyway, and --detect-anomaly true names the operation that made it"},
+    {"--weights-summary", "Lightning 1.7 removed it and Lockstep prints no model summary: remove the flag"},
+    {"--track-grad-norm", "Lightning 2.0 removed it: remove the flag and log the norm from a callback's "
+                          "on_before_optimizer_step"},
+    {"--auto-lr-find", "Lightning 2.0 moved it to the Tuner, which Lockstep does not have: remove the flag and "
+                       "set the learning rate in configure_optimizers"},
+    {"--auto-scale-batch-size", "Lightning 2.0 moved it to the Tuner, which Lockstep does not have: remove the "
+                                "flag and set the batch size of your loaders"},
+};
 
 // Edit distance between two words (insertions, deletions, substitutions).
 size_t distance(const std::string& a, const std::string& b) {
@@ -185,14 +218,15 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
   add(g, "--detect-anomaly", o.detect_anomaly(), "true|false: autograd anomaly mode (names the op that made a NaN)");
   add(g, "--benchmark", o.benchmark(), "true|false: cudnn.benchmark (CUDA; no effect on the CPU)");
   add(g, "--profiler", o.profiler(), "true|false: print time per hook at the end");
-  add_retired_flags(app);
+  add_retired(app, retired_plan_flags);
+  add_retired(app, retired_trainer_flags);
 }
 
 void add_fabric_flags(CLI::App& app, FabricOptions& o, int64_t& seed) {
   auto& g = *app.add_option_group("Fabric", "Fabric flags (each also LOCKSTEP_TRAINER_<FLAG>)");
   add_plan_flags(g, o);
   add_seed_flag(g, seed);
-  add_retired_flags(app);
+  add_retired(app, retired_plan_flags);
 }
 
 namespace {

@@ -46,6 +46,7 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
                                                          DDPOptions options)
     : module_(std::move(module)), group_(group), options_(std::move(options)) {
   if (!module_) throw UsageError("DistributedDataParallel: the module is null.");
+  if (!options_.broadcast_buffers()) options_.broadcast_buffers(true);  // PyTorch's default
   if (options_.bucket_cap_mb() <= 0 || options_.first_bucket_mb() <= 0) {
     throw UsageError("DDPOptions: bucket_cap_mb and first_bucket_mb must be positive (given " +
                                 std::to_string(options_.bucket_cap_mb()) + " and " +
@@ -146,7 +147,7 @@ void DistributedDataParallelBase::prepare_forward() {
   // every forward does, as the joined ranks' shadow does. Buffers come from the highest rank
   // still training: a joined rank's are stale (PyTorch).
   const bool training_forward = at::GradMode::is_enabled() && module_->is_training();
-  if (options_.broadcast_buffers() && (training_forward || join)) {
+  if (*options_.broadcast_buffers() && (training_forward || join)) {
     broadcast_state(buffers_, "buffers", join ? join->last_active_rank : 0);
   }
   if (join) share_grad_sync(require_backward_grad_sync_ && at::GradMode::is_enabled());
@@ -160,7 +161,7 @@ bool DistributedDataParallelBase::share_grad_sync(bool sync) {
 
 void DistributedDataParallelBase::join_main_hook(const JoinState& state) {
   reducer_->prepare_for_forward();
-  if (options_.broadcast_buffers()) broadcast_state(buffers_, "buffers", state.last_active_rank);
+  if (*options_.broadcast_buffers()) broadcast_state(buffers_, "buffers", state.last_active_rank);
   if (share_grad_sync(false)) reducer_->join_backward();
 }
 

@@ -56,6 +56,7 @@ SeparateDDP::SeparateDDP(std::shared_ptr<torch::nn::Module> module, ProcessGroup
     : module_(std::move(module)), device_(c10::kCPU) {
   if (!module_) throw UsageError("SeparateDDP: the module is null.");
   device_ = choose_device(*module_, device_ids);
+  if (!options.broadcast_buffers()) options.broadcast_buffers(false);  // MMEditing's default
   const auto own = module_->named_parameters(/*recurse=*/false);
   if (!own.is_empty()) {
     throw UsageError("SeparateDDP wraps each child module in its own DistributedDataParallel, but the "

@@ -46,6 +46,11 @@ void Fabric::add_logger(std::shared_ptr<loggers::Logger> logger) {
   loggers_.push_back(std::move(logger));
 }
 
+void Fabric::set_checkpoint_io(std::shared_ptr<checkpoint::CheckpointIO> io) {
+  LOCKSTEP_CHECK(io, UsageError, "Fabric::set_checkpoint_io: the CheckpointIO is null; pass an object, or leave the default.");
+  checkpoint_io_ = std::move(io);
+}
+
 void Fabric::launch() {
   LOCKSTEP_CHECK(!plan_, UsageError, "Fabric::launch() was called twice; call it once, before setup.");
   core::warn_if_reference_blas();
@@ -274,7 +279,7 @@ void Fabric::save(const std::string& path, const FabricState& state, const SaveF
         ckpt.insert(key, entry.value());
       }
     }
-    checkpoint::CheckpointIO().save(ckpt, path);
+    checkpoint_io_->save(ckpt, path);
   }
   strategy().barrier("fabric_save");
 }
@@ -298,7 +303,7 @@ void restore(const std::string& path, const std::string& key, const c10::IValue&
 }  // namespace
 
 c10::impl::GenericDict Fabric::load(const std::string& path, FabricState& state, bool strict) {
-  auto ckpt = load(path);
+  auto ckpt = load(path).copy();  // the entries restored are removed below; the CheckpointIO may keep its dict
   if (strict) {
     std::vector<std::string> keys;
     for (const auto& entry : state) keys.push_back(entry.first);
@@ -314,7 +319,7 @@ c10::impl::GenericDict Fabric::load(const std::string& path, FabricState& state,
 
 c10::impl::GenericDict Fabric::load(const std::string& path) {
   launched("load");
-  return checkpoint::CheckpointIO().load(path);
+  return checkpoint_io_->load(path);
 }
 
 void Fabric::load_raw(const std::string& path, const StateEntry& target, bool strict) {

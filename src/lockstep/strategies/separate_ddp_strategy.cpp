@@ -53,7 +53,8 @@ void SeparateDDPStrategy::teardown() {
 }
 
 torch::Tensor SeparateDDPStrategy::training_step(TrainingModule& module, Batch& batch, int64_t batch_idx) {
-  // Buffers are broadcast before the forwards: backward may need them unchanged (batch norm).
+  // Before the forwards: with broadcast_buffers(true) backward may need the broadcast buffers
+  // unchanged (batch norm).
   separate_->prepare_forward();
   // A manual step calls the children itself: a plain loss.backward() reduces those it reaches.
   if (!module.automatic_optimization()) separate_->sync_every_backward();

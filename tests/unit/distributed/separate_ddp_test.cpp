@@ -328,6 +328,36 @@ TEST(SeparateDDP, EachRankKeepsItsOwnBuffersByDefault) {
   }
 }
 
+// DDPOptions passed for another reason (a bucket size) leave broadcast_buffers unset, which
+// SeparateDDP takes as its own default (false), and plain DistributedDataParallel as PyTorch's
+// (true); options() says which applied.
+TEST(SeparateDDP, OptionsGivenForAnotherReasonKeepEachWrappersBufferDefault) {
+  run_ranks(2, [&](ProcessGroup& g) {
+    TwoNorms m;
+    SeparateDDP sep(m, g, DDPOptions().bucket_cap_mb(10));
+    EXPECT_EQ(sep.ddp("a").options().broadcast_buffers(), std::optional<bool>(false));
+    EXPECT_EQ(sep.ddp("a").options().bucket_cap_mb(), 10);
+    {
+      torch::NoGradGuard no_grad;
+      m->a->running_var.fill_(g.rank() + 2.0);
+    }
+    sep.module<torch::nn::BatchNorm1dImpl>("a")(torch::ones({2, 3}));
+    EXPECT_TRUE(m->a->running_var.allclose(torch::full({3}, (g.rank() + 2.0) / 2)))
+        << "rank " << g.rank() << " must keep its own statistics: " << m->a->running_var;
+
+    auto plain = torch::nn::BatchNorm1d(torch::nn::BatchNormOptions(3).momentum(0.5));
+    DistributedDataParallel ddp(plain, g, DDPOptions().bucket_cap_mb(10));
+    EXPECT_EQ(ddp.options().broadcast_buffers(), std::optional<bool>(true));
+    {
+      torch::NoGradGuard no_grad;
+      plain->running_var.fill_(g.rank() + 2.0);
+    }
+    ddp.forward(torch::ones({2, 3}));
+    EXPECT_TRUE(plain->running_var.allclose(torch::full({3}, 1.0)))
+        << "rank " << g.rank() << " must take rank 0's statistics: " << plain->running_var;
+  });
+}
+
 }  // namespace
 }  // namespace separate_ddp_test
 }  // namespace distributed

@@ -10,6 +10,7 @@
 
 #include <torch/torch.h>
 
+#include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/core/error.h>
 #include <lockstep/fabric/fabric.h>
 #include <lockstep/loggers/csv_logger.h>
@@ -331,6 +332,45 @@ TEST(Fabric, SaveAndLoadRoundTrip) {
     EXPECT_NE(std::string(e.what()).find("scheduler"), std::string::npos) << e.what();
   }
   EXPECT_THROW(fabric.load(dir / "absent.ckpt", state), UsageError);
+}
+
+// Checkpoints kept in memory, by path (a CheckpointIO that stores them elsewhere).
+struct InMemoryCheckpoints : checkpoint::CheckpointIO {
+  void save(const c10::IValue& checkpoint, const std::string& path) const override {
+    saved.insert_or_assign(path, checkpoint);
+  }
+  checkpoint::Checkpoint load(const std::string& path) const override {
+    loaded.push_back(path);
+    return saved.at(path).toGenericDict();
+  }
+  mutable std::map<std::string, c10::IValue> saved;
+  mutable std::vector<std::string> loaded;
+};
+
+// Lightning Fabric's plugins=[checkpoint_io]: save, load and load_raw go through it.
+TEST(Fabric, SaveAndLoadGoThroughTheCheckpointIO) {
+  testing::TempDir dir("lockstep_fabric_io");
+  auto io = std::make_shared<InMemoryCheckpoints>();
+  Fabric fabric(one_process());
+  EXPECT_THROW(fabric.set_checkpoint_io(nullptr), UsageError);
+  fabric.set_checkpoint_io(io);
+  EXPECT_EQ(&fabric.checkpoint_io(), io.get());
+  fabric.launch();
+  auto net = seeded_net();
+  auto model = fabric.setup_module(net);
+  const std::string path = dir / "fabric.ckpt";
+  fabric.save(path, {{"model", model}, {"step", int64_t{7}}});
+  EXPECT_FALSE(std::filesystem::exists(path)) << "the default CheckpointIO wrote the file";
+  ASSERT_EQ(io->saved.count(path), 1u);
+
+  torch::manual_seed(99);
+  auto other = std::make_shared<Net>();
+  FabricState state{{"model", other}, {"step", int64_t{0}}};
+  fabric.load(path, state);
+  EXPECT_EQ(max_diff(net->parameters(), other->parameters()), 0.0);
+  EXPECT_EQ(state.at("step").value().toInt(), 7);
+  EXPECT_EQ(fabric.load(path).at("step").toInt(), 7);
+  EXPECT_EQ(io->loaded, (std::vector<std::string>{path, path}));
 }
 
 TEST(Fabric, PythonTorchLoadReadsTheSavedFile) {
