@@ -1,7 +1,17 @@
 #pragma once
 /// The Trainer flags that every Lockstep binary accepts. Each flag can also be set through the
-/// environment as LOCKSTEP_TRAINER_<FLAG> (e.g. LOCKSTEP_TRAINER_DEVICES=2, like Lightning's
-/// PL_TRAINER_GPUS); a flag on the command line wins over the environment.
+/// environment as LOCKSTEP_TRAINER_<FLAG> (e.g. LOCKSTEP_TRAINER_DEVICES=2). Which value wins, as
+/// in Lightning 2.x, where PL_TRAINER_* are defaults (the connector of Lightning 1.x let
+/// PL_TRAINER_GPUS override the Trainer's gpus argument instead):
+///   - A program with these flags: a flag on the command line > its variable > the value the
+///     program set in the options before add_*_flags (the flag's default in --help) > the
+///     library's default. A value the program sets after parsing replaces any of them.
+///   - Options built in code, without these flags: a value set in code > the variable > the
+///     library's default. The Trainer and Fabric apply the variables when they are made, to the
+///     fields still at their defaults (apply_trainer_variables); add_plan_flags turns that off
+///     (PlanOptions::trainer_variables), so the variables are read once.
+/// A variable with a bad value stops the program as the flag would (exit code 2); one that names
+/// no flag is a warning.
 
 #include <CLI/CLI.hpp>
 
@@ -14,7 +24,7 @@ namespace cli {
 
 /// Adds the PlanOptions fields (--accelerator, --devices, --strategy, --num-nodes, --precision,
 /// ...) to `app`, each with its LOCKSTEP_TRAINER_<FLAG> variable: the flags the Trainer and Fabric
-/// share, registered here once.
+/// share, registered here once. Sets options.trainer_variables(false): the parse reads them.
 void add_plan_flags(CLI::App& app, PlanOptions& options);
 
 /// Adds every TrainerOptions field to `app` as a flag with its LOCKSTEP_TRAINER_<FLAG> variable.

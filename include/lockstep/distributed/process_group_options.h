@@ -39,8 +39,8 @@ struct ProcessGroupOptions {
   /// network interface (LibTorch 1.13's TCPStore listens on all of them, whatever main_address
   /// says). The in-process launchers set it (LOCKSTEP_STORE_FILE). Default: "" (TCPStore).
   TORCH_ARG(std::string, store_file) = "";
-  /// `gloo` (CPU), `nccl` (CUDA) or `mpi`; the latter two need a LibTorch built with them.
-  /// Default: "gloo".
+  /// `gloo` (CPU), or `nccl` (CUDA) where LibTorch has NCCL: available_backends(). Lockstep
+  /// builds no MPI process group, so `mpi` is refused. Default: "gloo".
   TORCH_ARG(std::string, backend) = "gloo";
   /// nccl only: this rank's CUDA device (made current before NCCL starts); collectives given CPU
   /// tensors copy them there and back, since NCCL reduces CUDA tensors only. Gloo takes tensors

@@ -96,7 +96,8 @@ class ClusterEnvironment {
 /// 5. kubeflow: KUBERNETES_PORT, MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK are all set.
 /// 6. local: nothing above applies. But when some of RANK, LOCAL_RANK, WORLD_SIZE, GROUP_RANK,
 ///    LOCAL_WORLD_SIZE are set and others are not, the environment is half-set: that is an
-///    EnvironmentError naming the missing ones, never a guess.
+///    EnvironmentError naming the missing ones, never a guess. Except WORLD_SIZE with NODE_RANK
+///    and none of the others: Lightning's manual multi-node recipe, local (LocalEnvironment).
 /// A detected environment whose variables are invalid (not integers, rank >= world size, a
 /// required one missing) throws EnvironmentError from its constructor; detection does not fall
 /// through to the next environment.

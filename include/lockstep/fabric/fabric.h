@@ -84,6 +84,8 @@ using OptimizerOf = FabricOptimizer;
 /// the same order. Bad options are UsageErrors (exit code 2 under cli::guarded_main).
 class Fabric {
  public:
+  /// Fields of `options` still at their defaults take their LOCKSTEP_TRAINER_* variables
+  /// (apply_trainer_variables), unless the options came through cli::add_fabric_flags.
   explicit Fabric(FabricOptions options = {});
   /// Finalizes the loggers on rank 0.
   ~Fabric();
@@ -91,7 +93,7 @@ class Fabric {
   Fabric& operator=(const Fabric&) = delete;
 
   /// A Strategy object instead of the strategy name (a DDPStrategy with its own configure_ddp or
-  /// DDPOptions); before launch().
+  /// DDPOptions); before launch(). The strategy option must then stay auto or be its name.
   void set_strategy(std::shared_ptr<strategies::Strategy> strategy);
   /// Where log() and log_dict() go (rank 0 writes). Default: none.
   void add_logger(std::shared_ptr<loggers::Logger> logger);

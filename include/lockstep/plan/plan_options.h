@@ -18,20 +18,24 @@ struct PlanOptions {
   /// auto, a count N, -1 (all GPUs), or GPU ids "0,2" / "[0, 1]". On CPU, N processes. Default: "auto".
   TORCH_ARG(std::string, devices) = "auto";
   /// auto|single_device|ddp|ddp_fork|ddp_separate|ddp_find_unused_parameters_true|... (the
-  /// registered names). Default: "auto".
+  /// registered names). With a Strategy object (Trainer or Fabric set_strategy) it must stay
+  /// "auto" or be that object's name; any other name is a UsageError. Default: "auto".
   TORCH_ARG(std::string, strategy) = "auto";
   /// With a device count (--devices 2, -1, auto) on cuda: pick devices that are free now by
   /// probing each, retrying with jittered backoff when too few are (device ids given
-  /// explicitly are used as given). Ignored on cpu. Default: false.
+  /// explicitly are used as given). No effect on cpu (a note says so). Default: false.
   TORCH_ARG(bool, auto_select_gpus) = false;
   /// Nodes in the job. Default: 1.
   TORCH_ARG(int, num_nodes) = 1;
   /// 32-true|64-true|bf16-mixed|16-mixed. Default: "32-true".
   TORCH_ARG(std::string, precision) = "32-true";
-  /// Replace BatchNorm layers by SyncBatchNorm under DDP. Default: false.
+  /// Replace BatchNorm layers by SyncBatchNorm under DDP. No effect with one process (a note
+  /// says so). Default: false.
   TORCH_ARG(bool, sync_batchnorm) = false;
-  /// gloo or nccl (the backends this build can create; mpi is refused); "" picks gloo on cpu,
-  /// nccl on cuda. Default: "".
+  /// gloo, or nccl (cuda only) where LibTorch has NCCL: the backends this build can create
+  /// (distributed::available_backends()). mpi is refused: Lockstep builds no MPI process group,
+  /// and under mpirun the ranks meet over gloo or nccl. "" picks gloo on cpu, nccl on cuda.
+  /// Default: "".
   TORCH_ARG(std::string, process_group_backend) = "";
   /// Seconds any collective may block before it fails, naming itself. Default: 1800.
   TORCH_ARG(double, timeout) = 1800.0;
@@ -43,6 +47,12 @@ struct PlanOptions {
   /// program again, up to this many times (torchrun's --max-restarts); give --ckpt-path last to
   /// continue where it was. Under another launcher use its own restarts. Default: 0.
   TORCH_ARG(int64_t, max_restarts) = 0;
+  /// Whether the Trainer or Fabric, when made, gives every field still at its default the value
+  /// of its LOCKSTEP_TRAINER_<FIELD> variable (LOCKSTEP_TRAINER_DEVICES=2), as Lightning 2.x's
+  /// PL_TRAINER_* do: a value set in code wins over the variable. cli::add_plan_flags sets it
+  /// to false, as the flags read the variables themselves (order in cli/trainer_flags.h); so
+  /// does reading them once. false: the environment is not read. Default: true.
+  TORCH_ARG(bool, trainer_variables) = true;
 };
 
 /// PlanOptions whose setters return `Self&`: the base of TrainerOptions and FabricOptions.
@@ -68,6 +78,7 @@ struct PlanOptionsOf : PlanOptions {
   LOCKSTEP_PLAN_OPTION(timeout)
   LOCKSTEP_PLAN_OPTION(distributed_debug)
   LOCKSTEP_PLAN_OPTION(max_restarts)
+  LOCKSTEP_PLAN_OPTION(trainer_variables)
 #undef LOCKSTEP_PLAN_OPTION
 };
 

@@ -39,9 +39,14 @@ class DDPStrategy : public Strategy {
   void teardown() override;
 
   /// Wraps the module (the Trainer's TrainingModule, or the module given to Fabric::setup);
-  /// override to return your own wrapper. `device_ids` is empty on CPU.
+  /// override to return your own wrapper. `device_ids` is this rank's CUDA device ({} on the CPU),
+  /// as PyTorch's DistributedDataParallel(device_ids=[i]); the module is already there
+  /// (module_to_device). The default checks that every parameter is on it (check_on_device),
+  /// and refuses a module left elsewhere, as PyTorch's DDP does.
   virtual std::shared_ptr<distributed::DistributedDataParallelBase> configure_ddp(
       const std::shared_ptr<torch::nn::Module>& module, const std::vector<int>& device_ids);
+  /// UsageError unless every parameter of `module` is on device_ids' device (the CPU when empty).
+  static void check_on_device(const torch::nn::Module& module, const std::vector<int>& device_ids);
 
   torch::Tensor training_step(TrainingModule& module, Batch& batch, int64_t batch_idx) override;
   void manual_backward(const torch::Tensor& loss) override;

@@ -45,10 +45,13 @@ class DataModule {
 ///   trainer.fit(model, train_loader, val_loader);     // launches rank 1 and trains on both
 class Trainer : public TrainerView {
  public:
+  /// Fields of `options` still at their defaults take their LOCKSTEP_TRAINER_* variables
+  /// (apply_trainer_variables), unless the options came through cli::add_trainer_flags.
   explicit Trainer(TrainerOptions options = {});
   ~Trainer();
 
-  /// A Strategy object instead of the --strategy name (e.g. a DDPStrategy subclass).
+  /// A Strategy object instead of the --strategy name (e.g. a DDPStrategy subclass); --strategy
+  /// must then stay auto or be its name.
   void set_strategy(std::shared_ptr<strategies::Strategy> strategy) { user_strategy_ = std::move(strategy); }
   void add_callback(std::shared_ptr<Callback> callback) { callbacks_.push_back(std::move(callback)); }
   /// Times hooks and loop phases with `profiler` (options.profiler() uses a SimpleProfiler); its

@@ -1,8 +1,9 @@
 #pragma once
 /// TrainerOptions: everything a Trainer run is configured by: the PlanOptions it shares with
 /// Fabric (accelerator, devices, strategy, num_nodes, precision, ...; plan/plan_options.h) and the
-/// loop's own. Every field is also a command-line flag (`--max-epochs`) and an environment
-/// variable (`LOCKSTEP_TRAINER_MAX_EPOCHS`); see cli/trainer_flags.h.
+/// loop's own. Every field (but trainer_variables) is also a command-line flag (`--max-epochs`)
+/// and an environment variable (`LOCKSTEP_TRAINER_MAX_EPOCHS`), which also reaches options built
+/// in code; see cli/trainer_flags.h for which wins.
 
 #include <cstdint>
 #include <string>
@@ -13,6 +14,9 @@
 #include <lockstep/plan/plan_options.h>
 
 namespace lockstep {
+namespace environments {
+class Environ;
+}
 
 ///   Trainer trainer(TrainerOptions().devices("2").strategy("ddp").max_epochs(3));
 struct TrainerOptions : PlanOptionsOf<TrainerOptions> {
@@ -66,5 +70,10 @@ struct TrainerOptions : PlanOptionsOf<TrainerOptions> {
   /// Print the time spent per hook and loop phase at the end of fit. Default: false.
   TORCH_ARG(bool, profiler) = false;
 };
+
+/// Gives every field still at its default the value of its LOCKSTEP_TRAINER_<FIELD> variable in
+/// `environ`, when `options.trainer_variables()` is true (then sets it to false): what the Trainer's
+/// constructor does with the process's variables. A bad value is a UsageError naming the variable.
+void apply_trainer_variables(TrainerOptions& options, const environments::Environ& environ);
 
 }  // namespace lockstep

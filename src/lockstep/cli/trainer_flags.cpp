@@ -10,6 +10,7 @@
 
 #include <lockstep/core/error.h>
 #include <lockstep/core/seed.h>
+#include <lockstep/distributed/process_group.h>
 
 extern char** environ;
 
@@ -167,9 +168,17 @@ CLI::Option* add_limit(CLI::App& app, const std::string& flag, BatchLimit& value
       ->default_str(value.str());
 }
 
+// The backends this build can create, as the connector takes them.
+std::string backend_help() {
+  std::string names;
+  for (const auto& name : distributed::available_backends()) names += (names.empty() ? "" : "|") + name;
+  return names + " (what this build can create; no mpi); default gloo on cpu, nccl on cuda";
+}
+
 }  // namespace
 
 void add_plan_flags(CLI::App& app, PlanOptions& o) {
+  o.trainer_variables(false);  // the flags read the variables: the Trainer must not read them again
   add(app, "--accelerator", o.accelerator(), "auto|cpu|cuda|gpu");
   add(app, "--devices", o.devices(), "auto, a count N, -1 (all GPUs), or GPU ids \"0,2\"");
   add(app, "--strategy", o.strategy(), "auto|single_device|ddp|ddp_fork|ddp_separate|ddp_find_unused_parameters_true|...");
@@ -177,7 +186,7 @@ void add_plan_flags(CLI::App& app, PlanOptions& o) {
   add(app, "--num-nodes", o.num_nodes(), "nodes in the job")->check(CLI::Range(1, 1 << 20));
   add(app, "--precision", o.precision(), "32-true|64-true|bf16-mixed|16-mixed");
   add(app, "--sync-batchnorm", o.sync_batchnorm(), "true|false: SyncBatchNorm under DDP");
-  add(app, "--process-group-backend", o.process_group_backend(), "gloo (the backends this build can create)");
+  add(app, "--process-group-backend", o.process_group_backend(), backend_help());
   add(app, "--timeout", o.timeout(), "seconds a collective may block before it fails")->check(CLI::Range(0.001, 1e9));
   add(app, "--distributed-debug", o.distributed_debug(), "off|detail: the ranks compare each collective's call first");
   add(app, "--max-restarts", o.max_restarts(), "self-launch: start the job again after a failure, up to N times")

@@ -35,6 +35,11 @@ std::string join(const std::vector<std::string>& items, const std::string& separ
 // scheduler was detected, so the variables cannot belong to one.
 void check_not_half_set(const Environ& env) {
   std::vector<std::string> set, missing;
+  // Lightning's manual multi-node recipe: WORLD_SIZE with NODE_RANK, and this process starts its
+  // node's ranks (LocalEnvironment).
+  const bool manual_nodes = env.has("NODE_RANK") && env.has("WORLD_SIZE") && !env.has("RANK") &&
+                            !env.has("LOCAL_RANK") && !env.has("GROUP_RANK") && !env.has("LOCAL_WORLD_SIZE");
+  if (manual_nodes) return;
   for (const char* name : kTorchrunVariables) {
     if (auto value = env.get(name)) {
       set.push_back(std::string(name) + "=" + *value);
@@ -52,6 +57,11 @@ void check_not_half_set(const Environ& env) {
   std::vector<std::string> set_names;
   for (const auto& item : set) set_names.push_back(item.substr(0, item.find('=')));
   message << join(set_names, ", ") << " to let Lockstep start the processes itself.";
+  if (set.size() == 1 && env.has("WORLD_SIZE")) {
+    message << " (To start each node yourself, as in Lightning, set NODE_RANK too, with MASTER_ADDR and "
+            << "MASTER_PORT, and run the program once per node with --num-nodes N --devices "
+            << "WORLD_SIZE/N.)";
+  }
   if (env.has("KUBERNETES_PORT")) {
     std::vector<std::string> kubeflow_missing;
     for (const char* name : {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"}) {

@@ -74,6 +74,33 @@ LocalEnvironment::LocalEnvironment(const Environ& env) {
   detail::check_rank_below("LOCAL_RANK", placement_.local_rank, "WORLD_SIZE", placement_.world_size);
   auto node_rank = env.get_int("NODE_RANK");
   placement_.node_rank = node_rank ? *node_rank : env.get_int("GROUP_RANK").value_or(0);
+  node_rank_given_ = node_rank.has_value();
+  world_size_given_ = env.has("WORLD_SIZE");
+  main_given_ = env.has("MASTER_ADDR") && port.has_value();
+}
+
+void LocalEnvironment::validate_settings(int devices, int num_nodes) const {
+  if (!node_rank_given_) return;  // one node (the connector refuses --num-nodes above 1 then)
+  // Lightning's manual recipe: this process starts the ranks of node NODE_RANK.
+  const std::string nodes = std::to_string(num_nodes);
+  const std::string node = "NODE_RANK=" + std::to_string(placement_.node_rank);
+  if (placement_.node_rank >= num_nodes) {
+    throw EnvironmentError(node + " but --num-nodes " + nodes + ": node ranks run from 0 to " +
+                           std::to_string(num_nodes - 1) + ". Give --num-nodes the number of nodes, or unset "
+                           "NODE_RANK for a job on one machine.");
+  }
+  if (num_nodes > 1 && !main_given_) {
+    throw EnvironmentError(node + " with --num-nodes " + nodes + " needs MASTER_ADDR and MASTER_PORT on every node: "
+                           "node 0's address and a free port there, the same on all nodes (e.g. MASTER_ADDR=node01 "
+                           "MASTER_PORT=29500).");
+  }
+  if (world_size_given_ && placement_.world_size != devices * num_nodes) {
+    throw EnvironmentError("WORLD_SIZE=" + std::to_string(placement_.world_size) + " but --devices " +
+                           std::to_string(devices) + " --num-nodes " + nodes + " start " +
+                           std::to_string(devices * num_nodes) + " processes in all. Use --devices " +
+                           std::to_string(placement_.world_size / num_nodes) + " (WORLD_SIZE / --num-nodes), set "
+                           "WORLD_SIZE=" + std::to_string(devices * num_nodes) + ", or unset it.");
+  }
 }
 
 }  // namespace environments

@@ -15,6 +15,7 @@
 #include <lockstep/core/error.h>
 #include <lockstep/core/seed.h>
 #include <lockstep/environments/cluster_environment.h>
+#include <lockstep/plan/trainer_variables.h>
 
 namespace lockstep {
 NoBackwardSync::NoBackwardSync(strategies::WrappedModule& module, bool enabled)
@@ -26,7 +27,9 @@ NoBackwardSync::~NoBackwardSync() {
   if (enabled_) module_.set_gradient_sync(previous_);
 }
 
-Fabric::Fabric(FabricOptions options) : options_(std::move(options)) {}
+Fabric::Fabric(FabricOptions options) : options_(std::move(options)) {
+  apply_trainer_variables(options_, environments::Environ::from_process());
+}
 
 Fabric::~Fabric() {
   if (!plan_ || !plan_->strategy->is_global_zero()) return;

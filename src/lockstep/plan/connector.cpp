@@ -73,18 +73,49 @@ int devices_for(const PlanOptions& o, const environments::Environ& environ,
   return accelerators::parse_cpu_devices(o.devices());
 }
 
-std::shared_ptr<strategies::Strategy> strategy_for(const PlanOptions& o, int processes) {
+void check_one_process(const std::string& what, const PlanOptions& o, int processes, const std::string& fix) {
+  if (processes <= 1) return;
+  throw UsageError(what + " runs one process, but --devices " + o.devices() + " --num-nodes " +
+                   std::to_string(o.num_nodes()) + " asks for " + std::to_string(processes) + ". " + fix +
+                   ", or --devices 1.");
+}
+
+// A Strategy object (set_strategy) is used as given; --strategy may only agree with it.
+std::shared_ptr<strategies::Strategy> given_strategy(const PlanOptions& o, int processes,
+                                                     std::shared_ptr<strategies::Strategy> given) {
+  const std::string name = given->name();
+  LOCKSTEP_CHECK(o.strategy() == "auto" || o.strategy() == name, UsageError, "--strategy ", o.strategy(),
+                 " and set_strategy(", name, ") both choose the strategy. Leave --strategy at auto to use the "
+                 "object, or drop the set_strategy call to use ", o.strategy(), ".");
+  if (dynamic_cast<const strategies::SingleDeviceStrategy*>(given.get()) != nullptr) {
+    check_one_process("set_strategy(" + name + ")", o, processes, "Use a DDPStrategy");
+  }
+  return given;
+}
+
+std::shared_ptr<strategies::Strategy> strategy_for(const PlanOptions& o, int processes,
+                                                   std::shared_ptr<strategies::Strategy> given) {
+  if (given) return given_strategy(o, processes, std::move(given));
   const std::string name = o.strategy() == "auto" ? (processes > 1 ? "ddp" : "single_device") : o.strategy();
   const auto reason = not_available().find(name);
   if (reason != not_available().end()) {
     throw UsageError("--strategy " + name + " is not available in Lockstep: " + reason->second + ".");
   }
-  if (name == "single_device" && processes > 1) {
-    throw UsageError("--strategy single_device runs one process, but --devices " + o.devices() + " --num-nodes " +
-                     std::to_string(o.num_nodes()) + " asks for " + std::to_string(processes) +
-                     ". Use --strategy ddp, or --devices 1.");
-  }
+  if (name == "single_device") check_one_process("--strategy single_device", o, processes, "Use --strategy ddp");
   return strategies::create_strategy(name);
+}
+
+// Options that change nothing in this run: a note on rank 0, where Lightning would warn.
+void note_idle_options(const PlanOptions& o, const strategies::StrategyContext& c) {
+  if (c.environment->global_rank() != 0) return;
+  if (o.auto_select_gpus() && c.accelerator != accelerators::Accelerator::cuda) {
+    std::cerr << "lockstep: --auto-select-gpus true has no effect on the CPU: it picks free CUDA devices "
+                 "(--accelerator cuda).\n";
+  }
+  if (o.sync_batchnorm() && c.devices_per_node * c.num_nodes == 1) {
+    std::cerr << "lockstep: --sync-batchnorm true has no effect with one process: SyncBatchNorm shares batch "
+                 "statistics between the processes of a job (--devices 2 or more).\n";
+  }
 }
 
 // Once, in the process that launches the others.
@@ -124,10 +155,15 @@ ExecutionPlan resolve_plan(const PlanOptions& o, const environments::Environ& en
           "--num-nodes " + std::to_string(c.num_nodes) + " = " + std::to_string(c.devices_per_node) +
           " per node. " + message_of(e) + " Or give --num-nodes the job's node count.");
     }
-  } else if (c.num_nodes > 1) {
-    throw UsageError("--num-nodes " + std::to_string(c.num_nodes) + " but no scheduler started this process: "
-                     "start one process per node with `lockstep launch --nnodes " + std::to_string(c.num_nodes) +
-                     " ...`, torchrun, srun or mpirun.");
+  } else {
+    // Several nodes without a scheduler: Lightning's manual recipe, NODE_RANK on each node (this
+    // process starts its node's ranks), which the environment checks.
+    const std::string nodes = std::to_string(c.num_nodes);
+    LOCKSTEP_CHECK(c.num_nodes == 1 || environ.has("NODE_RANK"), UsageError, "--num-nodes ", nodes,
+                   " but no scheduler started this process. Start this program once per node with NODE_RANK (0 to ",
+                   c.num_nodes - 1, "), MASTER_ADDR (node 0's address) and MASTER_PORT set, or start one process "
+                   "per node with `lockstep launch --nnodes ", nodes, " ...`, torchrun, srun or mpirun.");
+    c.environment->validate_settings(c.devices_per_node, c.num_nodes);
   }
   plan.precision = Precision::parse(o.precision(), c.accelerator);
   c.process_group_backend =
@@ -138,12 +174,14 @@ ExecutionPlan resolve_plan(const PlanOptions& o, const environments::Environ& en
     std::string names;
     for (const auto& b : backends) names += (names.empty() ? "" : ", ") + b;
     throw UsageError("--process-group-backend " + c.process_group_backend + " is not available: this build of "
-                     "Lockstep can create " + names + ". Use --process-group-backend " + backends.front() + ".");
+                     "Lockstep can create " + names + ". Use --process-group-backend " + backends.front() + "." +
+                     (c.process_group_backend == "mpi" ? " Lockstep builds no MPI process group on any build; under "
+                                                         "mpirun the ranks meet over gloo or nccl." : ""));
   }
   LOCKSTEP_CHECK(c.process_group_backend != "nccl" || c.accelerator == accelerators::Accelerator::cuda, UsageError,
                  "--process-group-backend nccl reduces CUDA tensors, but the accelerator is ",
                  accelerators::to_string(c.accelerator), ". Use --accelerator cuda, or --process-group-backend gloo.");
-  plan.strategy = strategy ? std::move(strategy) : strategy_for(o, c.devices_per_node * c.num_nodes);
+  plan.strategy = strategy_for(o, c.devices_per_node * c.num_nodes, std::move(strategy));
   c.timeout_seconds = o.timeout();
   c.sync_batchnorm = o.sync_batchnorm();
   std::string debug = o.distributed_debug();
@@ -166,6 +204,7 @@ ExecutionPlan resolve_plan(const PlanOptions& o, const environments::Environ& en
                    "more, --num-nodes 1); this run has ", c.devices_per_node, " process(es) on ", c.num_nodes,
                    " node(s).", fix);
   }
+  note_idle_options(o, c);
   plan.strategy->set_context(c);
   return plan;
 }

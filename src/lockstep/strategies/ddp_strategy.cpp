@@ -60,8 +60,11 @@ DDPStrategy::DDPStrategy(distributed::DDPOptions options, std::string start_meth
 std::unique_ptr<launchers::Launcher> DDPStrategy::launcher() {
   const auto& env = *context_.environment;
   if (env.creates_processes_externally() || context_.devices_per_node * context_.num_nodes <= 1) return nullptr;
+  // Several nodes: each node's process starts its own ranks (NODE_RANK; see LocalEnvironment).
   auto options = launchers::LaunchOptions()
                      .nproc_per_node(context_.devices_per_node)
+                     .nnodes(context_.num_nodes)
+                     .node_rank(env.node_rank())
                      .master_addr(env.main_address())
                      .master_port(env.main_port())
                      .max_restarts(context_.max_restarts);
@@ -99,7 +102,22 @@ torch::Device DDPStrategy::root_device() const {
 
 std::shared_ptr<distributed::DistributedDataParallelBase> DDPStrategy::configure_ddp(
     const std::shared_ptr<torch::nn::Module>& module, const std::vector<int>& device_ids) {
+  check_on_device(*module, device_ids);
   return std::make_shared<distributed::DistributedDataParallelBase>(module, process_group(), ddp_options_);
+}
+
+void DDPStrategy::check_on_device(const torch::nn::Module& module, const std::vector<int>& device_ids) {
+  LOCKSTEP_CHECK(device_ids.size() <= 1, UsageError, "DDPStrategy: device_ids names ", device_ids.size(),
+                 " devices; one process trains on one device, so give one id (or none on the CPU).");
+  const torch::Device device = device_ids.empty()
+                                   ? torch::Device(torch::kCPU)
+                                   : torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(device_ids[0]));
+  for (const auto& parameter : module.named_parameters()) {
+    LOCKSTEP_CHECK(parameter.value().device() == device, UsageError, "DDPStrategy: parameter '", parameter.key(),
+                   "' is on ", parameter.value().device().str(), " but this rank trains on ", device.str(), " (device_ids), as "
+                   "PyTorch's DistributedDataParallel(device_ids=[i]) needs its module on device i. Move the "
+                   "module there (Strategy::module_to_device does), or wrap it in a configure_ddp of your own.");
+  }
 }
 
 void DDPStrategy::convert_sync_batchnorm(const std::shared_ptr<torch::nn::Module>& module) {

@@ -23,6 +23,7 @@
 #include <lockstep/core/blas.h>
 #include <lockstep/core/seed.h>
 #include <lockstep/core/error.h>
+#include <lockstep/environments/cluster_environment.h>
 #include <lockstep/launchers/launcher.h>
 #include <lockstep/loggers/csv_logger.h>
 
@@ -66,7 +67,9 @@ bool has_callback(const std::vector<std::shared_ptr<Callback>>& callbacks) {
 }  // namespace
 
 Trainer::Trainer(TrainerOptions options)
-    : options_(std::move(options)), checkpoint_io_(std::make_shared<checkpoint::CheckpointIO>()) {}
+    : options_(std::move(options)), checkpoint_io_(std::make_shared<checkpoint::CheckpointIO>()) {
+  apply_trainer_variables(options_, environments::Environ::from_process());
+}
 Trainer::~Trainer() {
   if (module_) attach(*module_, nullptr);
 }

@@ -221,3 +221,29 @@ TEST(ClusterEnvironment, DescribeSummarisesTheEnvironment) {
   EXPECT_EQ(environment->describe(),
             "slurm: global rank 5 of 8, local rank 1, node rank 1, main gpu-a07:17137");
 }
+
+// Lightning's manual multi-node recipe (WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT set on each
+// node, the same command started there) is no half-set torchrun job: it is local, and this
+// process starts its node's ranks.
+TEST(DetectEnvironment, TheManualMultiNodeRecipeIsLocal) {
+  const auto environment = detect_environment(fixture("lightning_manual_node1.env"));
+  EXPECT_EQ(environment->name(), "local");
+  EXPECT_FALSE(environment->creates_processes_externally());
+  EXPECT_EQ(environment->node_rank(), 1);
+  EXPECT_EQ(environment->world_size(), 8);
+  EXPECT_EQ(environment->main_address(), "gpu-node01");
+  EXPECT_EQ(environment->main_port(), 29500);
+  environment->validate_settings(4, 2);
+}
+
+// WORLD_SIZE alone is still half-set, and the message names the recipe it may have come from.
+TEST(DetectEnvironment, WorldSizeAloneNamesTheManualMultiNodeRecipe) {
+  const std::string message = error_of([] {
+    detect_environment(with(fixture("lightning_manual_node1.env"), {{"NODE_RANK", std::nullopt}}));
+  });
+  EXPECT_TRUE(contains(message, "WORLD_SIZE=8 is set")) << message;
+  EXPECT_TRUE(contains(message, "To start each node yourself, as in Lightning, set NODE_RANK too, with MASTER_ADDR "
+                                "and MASTER_PORT, and run the program once per node with --num-nodes N --devices "
+                                "WORLD_SIZE/N."))
+      << message;
+}

@@ -405,5 +405,31 @@ print("sum", float(sum(t.double().sum() for t in ckpt["state_dict"].values())))
   EXPECT_NEAR(std::stod(result.out.substr(at + 4)), sum, 1e-9);
 }
 
+// A Fabric built in code takes LOCKSTEP_TRAINER_* for the options it left at their defaults, as
+// the Trainer does; a bad value stops it naming the variable.
+TEST(FabricVariables, AFabricBuiltInCodeTakesTheVariablesForItsDefaults) {
+  ::setenv("LOCKSTEP_TRAINER_PRECISION", "64-true", 1);
+  ::setenv("LOCKSTEP_TRAINER_DEVICES", "3", 1);
+  Fabric fabric(one_process());  // devices 1 in code
+  ::unsetenv("LOCKSTEP_TRAINER_PRECISION");
+  ::unsetenv("LOCKSTEP_TRAINER_DEVICES");
+  fabric.launch();
+  EXPECT_EQ(fabric.world_size(), 1) << "devices set in code win";
+  auto net = fabric.init_module([] { return std::make_shared<Net>(); });
+  for (const auto& p : net->parameters()) EXPECT_EQ(p.scalar_type(), torch::kFloat64);
+
+  ::setenv("LOCKSTEP_TRAINER_NUM_NODES", "zero", 1);
+  const auto message = [] {
+    try {
+      Fabric bad{FabricOptions()};
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  }();
+  ::unsetenv("LOCKSTEP_TRAINER_NUM_NODES");
+  EXPECT_NE(message.find("LOCKSTEP_TRAINER_NUM_NODES=zero is not a whole number"), std::string::npos) << message;
+}
+
 }  // namespace
 }  // namespace lockstep

@@ -13,7 +13,9 @@
 #include <lockstep/distributed/process_group.h>
 #include <lockstep/launchers/local_launcher.h>
 #include <lockstep/launchers/worker_environment.h>
+#include <lockstep/strategies/ddp_strategy.h>
 #include "../../support/errors.h"
+#include "../../support/paths.h"
 #include "../../support/fake_gpus.h"
 
 namespace lockstep {
@@ -186,6 +188,126 @@ TEST(ConnectorBackend, OnlyTheBackendsThisBuildCanCreateAreTaken) {
     EXPECT_NE(message.find("is not available: this build of Lockstep can create " + listed +
                            ". Use --process-group-backend gloo."), std::string::npos) << backend << ": " << message;
   }
+}
+
+// Lockstep has no MPI process group on any build: the refusal says so, beside the usual fix.
+TEST(ConnectorBackend, MpiIsRefusedSayingLockstepHasNoMpiBackend) {
+  const auto message = error_of<UsageError>([] {
+    resolve_plan(PlanOptions().accelerator("cpu").process_group_backend("mpi"), environments::Environ(), nullptr, 0);
+  });
+  EXPECT_NE(message.find("Use --process-group-backend gloo. Lockstep builds no MPI process group on any build; under "
+                         "mpirun the ranks meet over gloo or nccl."),
+            std::string::npos) << message;
+}
+
+// A Strategy object and a strategy name: the object is used when the name is auto or its own;
+// another name is refused instead of being dropped.
+TEST(ConnectorStrategy, AStrategyNameBesideAStrategyObjectMustAgreeWithIt) {
+  const auto cpu2 = [] { return PlanOptions().accelerator("cpu").devices("2"); };
+  for (const std::string name : {"auto", "ddp"}) {
+    const auto object = std::make_shared<strategies::DDPStrategy>();
+    EXPECT_EQ(resolve_plan(cpu2().strategy(name), environments::Environ(), object, 0).strategy, object) << name;
+  }
+  const auto message = error_of<UsageError>([&] {
+    resolve_plan(cpu2().strategy("ddp_fork"), environments::Environ(), std::make_shared<strategies::DDPStrategy>(), 0);
+  });
+  EXPECT_NE(message.find("--strategy ddp_fork and set_strategy(ddp) both choose the strategy. Leave --strategy at "
+                         "auto to use the object, or drop the set_strategy call to use ddp_fork."),
+            std::string::npos) << message;
+}
+
+// The one-process check of single_device holds for an object too.
+TEST(ConnectorStrategy, ASingleDeviceObjectWithSeveralProcessesIsRefused) {
+  const auto single = std::make_shared<strategies::SingleDeviceStrategy>();
+  EXPECT_EQ(resolve_plan(PlanOptions().accelerator("cpu").devices("1"), environments::Environ(), single, 0).strategy,
+            single);
+  const auto message = error_of<UsageError>([&] {
+    resolve_plan(PlanOptions().accelerator("cpu").devices("2"), environments::Environ(), single, 0);
+  });
+  EXPECT_NE(message.find("set_strategy(single_device) runs one process, but --devices 2 --num-nodes 1 asks for 2. "
+                         "Use a DDPStrategy, or --devices 1."),
+            std::string::npos) << message;
+}
+
+// Options that cannot act in this run say so on rank 0, instead of doing nothing in silence.
+TEST(ConnectorNotes, AutoSelectGpusOnTheCpuSaysItHasNoEffect) {
+  for (const bool select : {true, false}) {
+    ::testing::internal::CaptureStderr();
+    resolve_plan(PlanOptions().accelerator("cpu").auto_select_gpus(select), environments::Environ(), nullptr, 0);
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(err.find("--auto-select-gpus true has no effect on the CPU: it picks free CUDA devices") !=
+                  std::string::npos,
+              select) << err;
+  }
+  ::testing::internal::CaptureStderr();
+  resolve_plan(PlanOptions().accelerator("cpu").auto_select_gpus(true), environments::Environ(launched_rank()),
+               nullptr, 0);
+  const std::string rank1 = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(rank1.find("--auto-select-gpus"), std::string::npos) << "rank 1 said it too: " << rank1;
+}
+
+TEST(ConnectorNotes, SyncBatchnormWithOneProcessSaysItHasNoEffect) {
+  for (const std::string devices : {"1", "2"}) {
+    ::testing::internal::CaptureStderr();
+    resolve_plan(PlanOptions().accelerator("cpu").devices(devices).sync_batchnorm(true), environments::Environ(),
+                 nullptr, 0);
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(err.find("--sync-batchnorm true has no effect with one process") != std::string::npos, devices == "1")
+        << devices << ": " << err;
+  }
+}
+
+environments::Environ manual_node1() {
+  return environments::Environ::from_env_file(std::string(LOCKSTEP_SOURCE_DIR) +
+                                              "/tests/fixtures/environments/lightning_manual_node1.env");
+}
+
+// Lightning's manual multi-node recipe (WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT; the same
+// command on every node): this process launches its node's ranks into the job of all nodes.
+TEST(ConnectorNodes, TheManualMultiNodeRecipeLaunchesThisNodesRanks) {
+  const auto plan = resolve_plan(PlanOptions().accelerator("cpu").devices("4").num_nodes(2), manual_node1(), nullptr, 0);
+  EXPECT_EQ(plan.context.environment->name(), "local");
+  EXPECT_EQ(plan.strategy->name(), "ddp");
+  const auto launcher = plan.strategy->launcher();
+  ASSERT_NE(launcher, nullptr);
+  const auto& options = dynamic_cast<const launchers::LocalLauncher&>(*launcher).options();
+  EXPECT_EQ(options.nnodes(), 2);
+  EXPECT_EQ(options.node_rank(), 1);
+  EXPECT_EQ(options.nproc_per_node(), 4);
+  EXPECT_EQ(options.master_addr(), "gpu-node01");
+  EXPECT_EQ(options.master_port(), 29500);
+  const auto worker = launchers::worker_variables(options, 3, 29500);
+  EXPECT_EQ(worker.at("RANK"), "7");
+  EXPECT_EQ(worker.at("WORLD_SIZE"), "8");
+  EXPECT_EQ(worker.at("GROUP_RANK"), "1");
+}
+
+// What does not add up is refused with the fix; without NODE_RANK the refusal names the recipe.
+TEST(ConnectorNodes, TheManualRecipeRefusesWhatDoesNotAddUp) {
+  const auto cpu = [](const char* devices, int nodes) {
+    return PlanOptions().accelerator("cpu").devices(devices).num_nodes(nodes);
+  };
+  const auto node1 = manual_node1().vars();
+  const auto message = [&](const PlanOptions& options, std::map<std::string, std::string> vars) {
+    return error_of<environments::EnvironmentError>(
+        [&] { resolve_plan(options, environments::Environ(vars), nullptr, 0); });
+  };
+  auto no_port = node1;
+  no_port.erase("MASTER_PORT");
+  auto outside = node1;
+  outside["NODE_RANK"] = "2";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {message(cpu("2", 2), node1), "WORLD_SIZE=8 but --devices 2 --num-nodes 2 start 4 processes in all. Use "
+                                    "--devices 4 (WORLD_SIZE / --num-nodes), set WORLD_SIZE=4, or unset it."},
+      {message(cpu("4", 2), outside), "NODE_RANK=2 but --num-nodes 2: node ranks run from 0 to 1."},
+      {message(cpu("4", 2), no_port), "needs MASTER_ADDR and MASTER_PORT on every node"},
+  };
+  for (const auto& [said, expected] : cases) EXPECT_NE(said.find(expected), std::string::npos) << said;
+  const auto alone = error_of<UsageError>([&] { resolve_plan(cpu("2", 2), environments::Environ(), nullptr, 0); });
+  EXPECT_NE(alone.find("--num-nodes 2 but no scheduler started this process. Start this program once per node with "
+                       "NODE_RANK (0 to 1), MASTER_ADDR (node 0's address) and MASTER_PORT set, or start one process "
+                       "per node with `lockstep launch --nnodes 2 ...`"),
+            std::string::npos) << alone;
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The DDP strategies as the connector makes them from --strategy and the Trainer flags, on 2
 // ranks run as threads (tests/support/plan_ranks.h): what each registered name sets, the
-// sampler split, and --sync-batchnorm.
+// sampler split, and --sync-batchnorm; and the default configure_ddp's device_ids (as PyTorch's
+// DDP(device_ids=[i]): the module must be on that device).
 #include <lockstep/strategies/ddp_strategy.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <torch/torch.h>
 
 #include <lockstep/cli/trainer_flags.h>
+#include <lockstep/core/error.h>
 #include <lockstep/data/data_loader.h>
 #include <lockstep/data/sampler.h>
 #include <lockstep/distributed/collectives.h>
@@ -22,6 +24,7 @@
 #include <lockstep/distributed/sync_batchnorm.h>
 #include <lockstep/trainer/trainer_options.h>
 
+#include "../../support/errors.h"
 #include "../../support/plan_ranks.h"
 
 namespace lockstep {
@@ -140,6 +143,16 @@ TEST(DDPStrategySyncBatchnorm, TheFlagConvertsBatchNormAndTheRanksAgreeOnTheWhol
   });
 }
 
+TEST(DDPStrategyDevice, TheDefaultConfigureDdpRefusesAModuleOffItsDevice) {
+  const auto module = std::make_shared<torch::nn::LinearImpl>(2, 1);  // on the CPU
+  strategies::DDPStrategy strategy;
+  const auto message = testing::error_of<UsageError>([&] { strategy.configure_ddp(module, {1}); });
+  EXPECT_NE(message.find("DDPStrategy: parameter 'weight' is on cpu but this rank trains on cuda:1 (device_ids)"),
+            std::string::npos) << message;
+  EXPECT_NE(testing::error_of<UsageError>([&] { strategy.configure_ddp(module, {0, 1}); }).find("give one id"),
+            std::string::npos);
+  EXPECT_NO_THROW(strategies::DDPStrategy::check_on_device(*module, {})) << "on the CPU: no ids, module on the CPU";
+}
+
 }  // namespace
 }  // namespace ddp_strategy_test
-}  // namespace lockstep

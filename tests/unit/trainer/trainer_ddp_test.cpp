@@ -14,6 +14,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <lockstep/environments/local_environment.h>
+
 #include "../../support/command.h"
 #include "../../support/paths.h"
 #include "../../support/written_parameters.h"
@@ -337,6 +339,30 @@ TEST_F(TrainerDDP, MoreRanksThanCoresIsAWarningOnce) {
   const auto at = result.err.find(warning);
   EXPECT_NE(at, std::string::npos) << result.err;
   EXPECT_EQ(result.err.find(warning, at + 1), std::string::npos) << "said twice: " << result.err;
+}
+
+// Lightning's manual multi-node recipe, two "nodes" on this machine: the same command started twice
+// with NODE_RANK 0 and 1, MASTER_ADDR, MASTER_PORT and WORLD_SIZE; each starts its node's rank, and
+// the job equals one process on the whole batch.
+TEST_F(TrainerDDP, TheManualTwoNodeRecipeEqualsOneProcessOnTheFullBatch) {
+  auto single = run("single", {"--devices", "1", "--batch-size", "16", "--max-epochs", "2"});
+  const std::string port = std::to_string(environments::find_free_port());
+  const std::vector<std::string> flags{"--devices", "1", "--num-nodes", "2", "--batch-size", "8", "--max-epochs", "2"};
+  testing::CommandResult node[2];
+  std::thread second([&] {
+    node[1] = start("nodes", flags, "runs", {{"NODE_RANK", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port},
+                                             {"WORLD_SIZE", "2"}});
+  });
+  node[0] = start("nodes", flags, "runs", {{"NODE_RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port},
+                                           {"WORLD_SIZE", "2"}});
+  second.join();
+  ASSERT_EQ(node[0].exit_code, 0) << node[0].err;
+  ASSERT_EQ(node[1].exit_code, 0) << node[1].err;
+  const auto ranks = params_of("nodes");
+  ASSERT_EQ(ranks.size(), 2u) << "both nodes' ranks must write their parameters";
+  ASSERT_EQ(single.size(), 1u);
+  EXPECT_EQ(max_diff(ranks[0], ranks[1]), 0.0) << "replicas diverged";
+  EXPECT_LE(max_diff(ranks[0], single[0]), 1e-6);
 }
 
 }  // namespace
