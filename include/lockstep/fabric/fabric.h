@@ -92,6 +92,10 @@ class Fabric {
   /// A Strategy object instead of the strategy name (a DDPStrategy with its own configure_ddp or
   /// DDPOptions); before launch().
   void set_strategy(std::shared_ptr<strategies::Strategy> strategy);
+  /// Your own ClusterEnvironment instead of the detected one (Lightning's
+  /// plugins=[MyClusterEnvironment()]): the job takes its ranks, world size and main address.
+  /// Before launch(); its creates_processes_externally() must be true.
+  void set_cluster_environment(std::shared_ptr<environments::ClusterEnvironment> environment);
   /// Where log() and log_dict() go (rank 0 writes). Default: none.
   void add_logger(std::shared_ptr<loggers::Logger> logger);
 
@@ -283,6 +287,7 @@ class Fabric {
 
   FabricOptions options_;
   std::shared_ptr<strategies::Strategy> user_strategy_;
+  std::shared_ptr<environments::ClusterEnvironment> user_environment_;
   std::vector<std::shared_ptr<loggers::Logger>> loggers_;
   std::vector<std::shared_ptr<FabricCallback>> callbacks_;
   std::optional<ExecutionPlan> plan_;
