@@ -39,7 +39,10 @@ int devices_per_node(Accelerator accelerator, const std::string& spec, int cuda_
 /// launches ("1,3"), so that every rank of the node uses the same devices without probing again.
 constexpr const char* kSelectedGpusVariable = "LOCKSTEP_SELECTED_GPUS";
 
-/// Number of CUDA devices this LibTorch sees (0 on a CPU-only build).
+/// Number of CUDA devices this LibTorch sees (0 on a CPU-only build). First sets
+/// CUDA_DEVICE_ORDER=PCI_BUS_ID unless it is set (Lightning's set_nvidia_flags), so that device
+/// ids, CUDA_VISIBLE_DEVICES and nvidia-smi number the GPUs alike; the processes Lockstep starts
+/// inherit it. It acts only before the process's first CUDA call.
 int cuda_device_count();
 
 /// Says whether CUDA device `id` can be used now: false when it is busy (a GPU in exclusive

@@ -95,6 +95,10 @@ class Fabric {
   /// A Strategy object instead of the strategy name (a DDPStrategy with its own configure_ddp or
   /// DDPOptions); before launch(). The strategy option must then stay auto or be its name.
   void set_strategy(std::shared_ptr<strategies::Strategy> strategy);
+  /// Your own ClusterEnvironment instead of the detected one (Lightning's
+  /// plugins=[MyClusterEnvironment()]): the job takes its ranks, world size and main address.
+  /// Before launch(); its creates_processes_externally() must be true.
+  void set_cluster_environment(std::shared_ptr<environments::ClusterEnvironment> environment);
   /// Where log() and log_dict() go (rank 0 writes). Default: none.
   void add_logger(std::shared_ptr<loggers::Logger> logger);
   /// Where save(), load() and load_raw() write and read checkpoints (Lightning Fabric's
@@ -291,6 +295,7 @@ class Fabric {
 
   FabricOptions options_;
   std::shared_ptr<strategies::Strategy> user_strategy_;
+  std::shared_ptr<environments::ClusterEnvironment> user_environment_;
   std::vector<std::shared_ptr<loggers::Logger>> loggers_;
   std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io_ = std::make_shared<checkpoint::CheckpointIO>();
   std::vector<std::shared_ptr<FabricCallback>> callbacks_;

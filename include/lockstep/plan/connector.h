@@ -28,11 +28,18 @@ struct ExecutionPlan {
 
 /// Resolves the plan in order: environment, accelerator, devices, the scheduler's consistency,
 /// precision, backend, strategy. `strategy` overrides options.strategy() when given (a Strategy
-/// object, as Lightning's Trainer(strategy=DDPStrategy(...))). `cuda_device_count` and
-/// `probe` (used by auto_select_gpus) are injected for tests.
+/// object, as Lightning's Trainer(strategy=DDPStrategy(...))); `environment` replaces the one
+/// detected from `environ` when given (Lightning's plugins=[MyClusterEnvironment()]); it must be
+/// one whose scheduler started every process. `cuda_device_count` and `probe` (used by
+/// auto_select_gpus) are injected for tests.
+///
+/// Under a scheduler, devices "auto" is the number of processes it started on each node (its
+/// local world size where it gives one, else its world size over num_nodes); on CUDA each
+/// process then uses the GPU of its local rank.
 ExecutionPlan resolve_plan(const PlanOptions& options, const environments::Environ& environ,
                            std::shared_ptr<strategies::Strategy> strategy = nullptr, int cuda_device_count = 0,
-                           const accelerators::DeviceProbe& probe = accelerators::probe_cuda_device);
+                           const accelerators::DeviceProbe& probe = accelerators::probe_cuda_device,
+                           std::shared_ptr<environments::ClusterEnvironment> environment = nullptr);
 
 /// The plan of a process that `plan`'s launcher started at `placement`: the same decisions, in
 /// the torchelastic-style environment that a re-executed worker detects from its variables.

@@ -15,7 +15,9 @@ namespace lockstep {
 struct PlanOptions {
   /// auto|cpu|cuda|gpu. Default: "auto" (cuda if LibTorch sees one, else cpu).
   TORCH_ARG(std::string, accelerator) = "auto";
-  /// auto, a count N, -1 (all GPUs), or GPU ids "0,2" / "[0, 1]". On CPU, N processes. Default: "auto".
+  /// auto, a count N, -1 (all GPUs), or GPU ids "0,2" / "[0, 1]". On CPU, N processes. auto: under
+  /// a scheduler the processes it started per node (a GPU each, by local rank), else 1 on CPU and
+  /// every visible GPU on CUDA. Default: "auto".
   TORCH_ARG(std::string, devices) = "auto";
   /// auto|single_device|ddp|ddp_fork|ddp_separate|ddp_find_unused_parameters_true|... (the
   /// registered names). With a Strategy object (Trainer or Fabric set_strategy) it must stay

@@ -27,7 +27,7 @@ namespace strategies {
 class DDPStrategy : public Strategy {
  public:
   /// `start_method` "popen" re-executes the program for the other local ranks; "fork" forks
-  /// (must happen before LibTorch starts threads).
+  /// (must happen before LibTorch starts threads); any other is a UsageError.
   explicit DDPStrategy(distributed::DDPOptions options = {}, std::string start_method = "popen",
                        std::string name = "ddp");
 

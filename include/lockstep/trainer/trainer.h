@@ -53,6 +53,10 @@ class Trainer : public TrainerView {
   /// A Strategy object instead of the --strategy name (e.g. a DDPStrategy subclass); --strategy
   /// must then stay auto or be its name.
   void set_strategy(std::shared_ptr<strategies::Strategy> strategy) { user_strategy_ = std::move(strategy); }
+  /// Your own ClusterEnvironment instead of the detected one (Lightning's
+  /// plugins=[MyClusterEnvironment()]): the job takes its ranks, world size and main address.
+  /// Before fit; its creates_processes_externally() must be true.
+  void set_cluster_environment(std::shared_ptr<environments::ClusterEnvironment> environment);
   void add_callback(std::shared_ptr<Callback> callback) { callbacks_.push_back(std::move(callback)); }
   /// Times hooks and loop phases with `profiler` (options.profiler() uses a SimpleProfiler); its
   /// summary goes to stderr on rank 0 at the end of fit.
@@ -158,6 +162,7 @@ class Trainer : public TrainerView {
 
   TrainerOptions options_;
   std::shared_ptr<strategies::Strategy> user_strategy_;
+  std::shared_ptr<environments::ClusterEnvironment> user_environment_;
   std::vector<std::shared_ptr<Callback>> callbacks_;
   std::vector<std::shared_ptr<Logger>> loggers_;
   std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io_;

@@ -1,5 +1,7 @@
 #include <lockstep/accelerators/device_parser.h>
 
+#include <stdlib.h>
+
 #include <algorithm>
 #include <cctype>
 #include <map>
@@ -166,7 +168,11 @@ int devices_per_node(Accelerator accelerator, const std::string& spec, int cuda_
   return parse_cpu_devices(spec);
 }
 
-int cuda_device_count() { return static_cast<int>(torch::cuda::device_count()); }
+int cuda_device_count() {
+  // CUDA's own order is fastest first, which need not be nvidia-smi's; a user's value is kept.
+  ::setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", /*overwrite=*/0);
+  return static_cast<int>(torch::cuda::device_count());
+}
 
 bool probe_cuda_device(int id) {
   try {

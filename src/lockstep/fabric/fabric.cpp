@@ -44,6 +44,14 @@ void Fabric::set_strategy(std::shared_ptr<strategies::Strategy> strategy) {
   user_strategy_ = std::move(strategy);
 }
 
+void Fabric::set_cluster_environment(std::shared_ptr<environments::ClusterEnvironment> environment) {
+  LOCKSTEP_CHECK(!plan_, UsageError, "Fabric::set_cluster_environment after launch(): the job already runs in its "
+                 "environment. Call it before launch().");
+  LOCKSTEP_CHECK(environment, UsageError, "Fabric::set_cluster_environment: the environment is null; pass an object, "
+                 "or leave the detected one.");
+  user_environment_ = std::move(environment);
+}
+
 void Fabric::add_logger(std::shared_ptr<loggers::Logger> logger) {
   LOCKSTEP_CHECK(logger, UsageError, "Fabric::add_logger: the logger is null; pass a logger object.");
   loggers_.push_back(std::move(logger));
@@ -57,8 +65,9 @@ void Fabric::set_checkpoint_io(std::shared_ptr<checkpoint::CheckpointIO> io) {
 void Fabric::launch() {
   LOCKSTEP_CHECK(!plan_, UsageError, "Fabric::launch() was called twice; call it once, before setup.");
   core::warn_if_reference_blas();
-  plan_ = lockstep::launch(resolve_plan(options_, environments::Environ::from_process(),
-                                        user_strategy_, accelerators::cuda_device_count()));
+  plan_ = lockstep::launch(resolve_plan(options_, environments::Environ::from_process(), user_strategy_,
+                                        accelerators::cuda_device_count(), accelerators::probe_cuda_device,
+                                        user_environment_));
   if (plan_->precision.scales_loss()) scaler_ = std::make_unique<GradScaler>();
 }
 

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <iostream>
 #include <map>
+#include <optional>
 
 #include <lockstep/accelerators/device_parser.h>
 #include <lockstep/core/error.h>
@@ -35,12 +36,43 @@ const std::map<std::string, std::string>& not_available() {
   return names;
 }
 
+// What --devices auto means under a scheduler: the processes it started on each node (on CUDA
+// one device each, by local rank), and the words that say where the number came from.
+struct SchedulerDevices {
+  int per_node = 0;
+  std::string how;
+  bool from_num_nodes = false;  // the job's processes over --num-nodes, not a count per node
+};
+
+// The count the scheduler gives for this node (LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE, the MPI
+// local size), else the job's processes over --num-nodes; nullopt where "auto" keeps its meaning
+// without a scheduler (--devices given, or Lockstep starts the processes).
+std::optional<SchedulerDevices> scheduler_devices(const PlanOptions& o, const environments::ClusterEnvironment& env) {
+  if (o.devices() != "auto" || !env.creates_processes_externally()) return std::nullopt;
+  const int local = env.placement().local_world_size;
+  if (local > 0) {
+    return SchedulerDevices{local, "--devices auto took the " + std::to_string(local) + " process(es) " + env.name() +
+                                       " started on this node"};
+  }
+  const int world = env.world_size();
+  LOCKSTEP_CHECK(world % o.num_nodes() == 0, UsageError, "--devices auto: ", env.name(), " started ", world,
+                 " processes, which --num-nodes ", o.num_nodes(), " does not share evenly, and it does not say how "
+                 "many run on this node. Give --devices (processes per node) and --num-nodes whose product is ",
+                 world, ".");
+  return SchedulerDevices{world / o.num_nodes(),
+                          "--devices auto took the " + std::to_string(world) + " processes of the job over " +
+                              "--num-nodes " + std::to_string(o.num_nodes()) + " = " +
+                              std::to_string(world / o.num_nodes()) + " per node",
+                          true};
+}
+
 // --auto-select-gpus probes once, in the process that starts the others; they read its pick.
-std::vector<int> gpu_ids_for(const PlanOptions& o, const environments::Environ& environ,
+// `spec` is --devices, or the scheduler's count for "auto".
+std::vector<int> gpu_ids_for(const PlanOptions& o, const std::string& spec, const environments::Environ& environ,
                              const environments::ClusterEnvironment& env, int cuda_count,
                              const accelerators::DeviceProbe& probe) {
-  auto ids = accelerators::parse_gpu_ids(o.devices(), cuda_count);
-  const bool names_ids = o.devices().find_first_of(",[") != std::string::npos;
+  auto ids = accelerators::parse_gpu_ids(spec, cuda_count);
+  const bool names_ids = spec.find_first_of(",[") != std::string::npos;
   if (!o.auto_select_gpus() || names_ids) return ids;
   if (const auto picked = environ.get(accelerators::kSelectedGpusVariable)) {
     auto handed = accelerators::parse_gpu_ids(*picked, cuda_count);
@@ -56,21 +88,27 @@ std::vector<int> gpu_ids_for(const PlanOptions& o, const environments::Environ& 
                      ": the scheduler started every process already, and each would probe on its own and could "
                      "pick other devices. Name the ids (--devices 0,1) or set CUDA_VISIBLE_DEVICES per node.");
   }
-  return accelerators::select_gpu_ids(o.devices(), cuda_count, probe);
+  return accelerators::select_gpu_ids(spec, cuda_count, probe);
 }
 
 int devices_for(const PlanOptions& o, const environments::Environ& environ,
                 const environments::ClusterEnvironment& env, accelerators::Accelerator accelerator, int cuda_count,
                 const accelerators::DeviceProbe& probe, std::vector<int>& gpu_ids) {
-  if (accelerator == accelerators::Accelerator::cuda) {
-    gpu_ids = gpu_ids_for(o, environ, env, cuda_count, probe);
-    return static_cast<int>(gpu_ids.size());
+  const auto scheduled = scheduler_devices(o, env);
+  if (accelerator != accelerators::Accelerator::cuda) {
+    return scheduled ? scheduled->per_node : accelerators::parse_cpu_devices(o.devices());
   }
-  // Under a scheduler, "auto" means the processes it started on each node.
-  if (o.devices() == "auto" && env.creates_processes_externally() && env.world_size() % o.num_nodes() == 0) {
-    return env.world_size() / o.num_nodes();
+  if (scheduled && scheduled->per_node > cuda_count) {
+    throw UsageError(scheduled->how + ", one CUDA device each by local rank, but this process sees " +
+                     std::to_string(cuda_count) + " (CUDA_VISIBLE_DEVICES=" +
+                     environ.get("CUDA_VISIBLE_DEVICES").value_or("unset") + "). Every process of a node must see "
+                     "all of the node's GPUs: ask the scheduler for GPUs per node, not per task (srun "
+                     "--gpus-per-node, not --gpus-per-task), or start " + std::to_string(cuda_count) +
+                     " process(es) per node.");
   }
-  return accelerators::parse_cpu_devices(o.devices());
+  gpu_ids = gpu_ids_for(o, scheduled ? std::to_string(scheduled->per_node) : o.devices(), environ, env, cuda_count,
+                        probe);
+  return static_cast<int>(gpu_ids.size());
 }
 
 void check_one_process(const std::string& what, const PlanOptions& o, int processes, const std::string& fix) {
@@ -136,10 +174,19 @@ void warn_if_ranks_outnumber_cores(const ExecutionPlan& plan) {
 
 ExecutionPlan resolve_plan(const PlanOptions& o, const environments::Environ& environ,
                            std::shared_ptr<strategies::Strategy> strategy, int cuda_count,
-                           const accelerators::DeviceProbe& probe) {
+                           const accelerators::DeviceProbe& probe,
+                           std::shared_ptr<environments::ClusterEnvironment> environment) {
   ExecutionPlan plan;
   auto& c = plan.context;
-  c.environment = environments::detect_environment(environ);
+  // A process that Lockstep starts would read the same ranks from a user's environment as the
+  // first one, so only an environment whose scheduler starts every process is taken.
+  LOCKSTEP_CHECK(!environment || environment->creates_processes_externally(), UsageError,
+                 "set_cluster_environment: the environment '", environment ? environment->name() : "",
+                 "' does not start the processes (creates_processes_externally() is false), so Lockstep would start "
+                 "them and each would take the same ranks from it. Return true there when your scheduler starts "
+                 "every process, or leave the environment to detection.");
+  c.environment = environment;
+  if (!c.environment) c.environment = environments::detect_environment(environ);
   c.accelerator = accelerators::parse_accelerator(o.accelerator(), cuda_count);
   LOCKSTEP_CHECK(o.num_nodes() >= 1, UsageError, "--num-nodes ", o.num_nodes(), " is not a node count: use 1 or more.");
   c.num_nodes = o.num_nodes();
@@ -148,12 +195,11 @@ ExecutionPlan resolve_plan(const PlanOptions& o, const environments::Environ& en
     try {
       c.environment->validate_settings(c.devices_per_node, c.num_nodes);
     } catch (const environments::EnvironmentError& e) {
-      if (o.devices() != "auto") throw;
-      // The user set neither: say where the number came from.
-      throw environments::EnvironmentError(
-          "--devices auto took the " + std::to_string(c.environment->world_size()) + " processes of the job over " +
-          "--num-nodes " + std::to_string(c.num_nodes) + " = " + std::to_string(c.devices_per_node) +
-          " per node. " + message_of(e) + " Or give --num-nodes the job's node count.");
+      const auto scheduled = scheduler_devices(o, *c.environment);
+      if (!scheduled) throw;
+      // The user did not give --devices: say where the number came from.
+      throw environments::EnvironmentError(scheduled->how + ". " + message_of(e) +
+                                           (scheduled->from_num_nodes ? " Or give --num-nodes the job's node count." : ""));
     }
   } else {
     // Several nodes without a scheduler: Lightning's manual recipe, NODE_RANK on each node (this

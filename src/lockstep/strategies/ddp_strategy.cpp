@@ -52,7 +52,9 @@ class DDPModule : public WrappedModule {
 DDPStrategy::DDPStrategy(distributed::DDPOptions options, std::string start_method, std::string name)
     : ddp_options_(std::move(options)), name_(std::move(name)) {
   if (start_method != "popen" && start_method != "fork") {
-    throw UsageError("DDPStrategy start_method '" + start_method + "': use popen or fork.");
+    throw UsageError("DDPStrategy start_method '" + start_method + "' is not one Lockstep has (spawn and "
+                     "forkserver need Python's multiprocessing): use \"popen\" (re-executes the program for the "
+                     "other local ranks, the default) or \"fork\".");
   }
   start_method_ = start_method == "fork" ? launchers::StartMethod::fork : launchers::StartMethod::reexec;
 }

@@ -74,6 +74,14 @@ Trainer::~Trainer() {
   if (module_) attach(*module_, nullptr);
 }
 
+void Trainer::set_cluster_environment(std::shared_ptr<environments::ClusterEnvironment> environment) {
+  LOCKSTEP_CHECK(!set_up_, UsageError, "Trainer::set_cluster_environment after fit/validate/test/predict started: the "
+                 "job already runs in its environment. Call it before.");
+  LOCKSTEP_CHECK(environment, UsageError, "Trainer::set_cluster_environment: the environment is null; pass an object, "
+                 "or leave the detected one.");
+  user_environment_ = std::move(environment);
+}
+
 void Trainer::set_checkpoint_io(std::shared_ptr<checkpoint::CheckpointIO> io) {
   if (!io) throw UsageError("Trainer::set_checkpoint_io: the CheckpointIO is null; pass an object, or leave the default.");
   checkpoint_io_ = std::move(io);
@@ -150,7 +158,8 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
     if (options_.seed() >= 0) seed_everything(static_cast<uint64_t>(options_.seed()));
     if (options_.deterministic()) at::globalContext().setDeterministicAlgorithms(true, false);
     const int cuda = accelerators::cuda_device_count();
-    plan_ = launch(resolve_plan(options_, environments::Environ::from_process(), user_strategy_, cuda));
+    plan_ = launch(resolve_plan(options_, environments::Environ::from_process(), user_strategy_, cuda,
+                                accelerators::probe_cuda_device, user_environment_));
     at::globalContext().setBenchmarkCuDNN(options_.benchmark());
     if (options_.benchmark() && plan_.context.accelerator != accelerators::Accelerator::cuda && plan_.strategy->is_global_zero()) {
       std::cerr << "lockstep: --benchmark true has no effect on the CPU: it lets cuDNN time and pick convolution "

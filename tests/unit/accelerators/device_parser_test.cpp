@@ -1,7 +1,11 @@
 #include <lockstep/accelerators/device_parser.h>
 
+#include <stdlib.h>
+
+#include <cstdlib>
 #include <map>
 #include <set>
+#include <string>
 
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -182,6 +186,25 @@ TEST(CudaDeviceCount, ZeroOnThisCpuBuild) {
   // Debian's libtorch is a CPU build; on a CUDA build this is the real count.
   if (torch::cuda::is_available()) GTEST_SKIP() << "CUDA build";
   EXPECT_EQ(cuda_device_count(), 0);
+}
+
+// Lightning's set_nvidia_flags: ids follow the PCI bus (nvidia-smi's order) unless the user chose
+// an order; counting the devices sets it, and the processes launched later inherit it.
+TEST(CudaDeviceCount, SetsPciBusOrderFirstUnlessTheUserChoseOne) {
+  const char* before = std::getenv("CUDA_DEVICE_ORDER");
+  const std::string saved = before ? before : "";
+  ::unsetenv("CUDA_DEVICE_ORDER");
+  cuda_device_count();
+  ASSERT_NE(std::getenv("CUDA_DEVICE_ORDER"), nullptr);
+  EXPECT_STREQ(std::getenv("CUDA_DEVICE_ORDER"), "PCI_BUS_ID");
+  ::setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST", 1);
+  cuda_device_count();
+  EXPECT_STREQ(std::getenv("CUDA_DEVICE_ORDER"), "FASTEST_FIRST") << "the user's value is kept";
+  if (before) {
+    ::setenv("CUDA_DEVICE_ORDER", saved.c_str(), 1);
+  } else {
+    ::unsetenv("CUDA_DEVICE_ORDER");
+  }
 }
 
 }  // namespace

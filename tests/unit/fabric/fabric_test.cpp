@@ -12,12 +12,14 @@
 
 #include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/core/error.h>
+#include <lockstep/environments/local_environment.h>
 #include <lockstep/fabric/fabric.h>
 #include <lockstep/loggers/csv_logger.h>
 
 #include "../../support/command.h"
 #include "../../support/paths.h"
 #include "../../support/regression.h"
+#include "../../support/scheduler_environment.h"
 #include "../../support/temp_dir.h"
 #include "../../support/written_parameters.h"
 
@@ -77,6 +79,20 @@ TEST(Fabric, LaunchResolvesTheTrainersOptionsOnce) {
   EXPECT_EQ(fabric.device(), torch::Device(torch::kCPU));
   EXPECT_THROW(fabric.launch(), UsageError);
   EXPECT_THROW(fabric.set_strategy(std::make_shared<strategies::SingleDeviceStrategy>()), UsageError);
+}
+
+// Lightning's Fabric(plugins=[MyClusterEnvironment()]): the job runs in the user's environment,
+// here a scheduler's job of one process whose rank 0 listens on a port of its choosing.
+TEST(Fabric, SetClusterEnvironmentReplacesTheDetectedOne) {
+  const auto mine = testing::scheduler_environment(0, 1, 1, "127.0.0.1", environments::find_free_port());
+  Fabric fabric(FabricOptions().accelerator("cpu").strategy("ddp"));
+  EXPECT_THROW(fabric.set_cluster_environment(nullptr), UsageError);
+  fabric.set_cluster_environment(mine);
+  fabric.launch();
+  EXPECT_EQ(fabric.strategy().context().environment, mine);
+  EXPECT_EQ(fabric.strategy().context().devices_per_node, 1) << "auto: its one process per node";
+  EXPECT_EQ(fabric.world_size(), 1);
+  EXPECT_THROW(fabric.set_cluster_environment(mine), UsageError) << "after launch()";
 }
 
 TEST(Fabric, BadOptionsAreTheTrainersUsageErrors) {

@@ -1,22 +1,27 @@
 // The connector's GPU decisions, with an injected CUDA device count and probe (this LibTorch is a
-// CPU build): --auto-select-gpus picks free devices once and hands the pick to launched ranks.
+// CPU build): --auto-select-gpus picks free devices once and hands the pick to launched ranks;
+// --devices auto under a scheduler; a user's own environment; the defaults the plan carries.
 #include <lockstep/plan/connector.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <set>
 
 #include <gtest/gtest.h>
 
 #include <lockstep/core/error.h>
 #include <lockstep/distributed/process_group.h>
+#include <lockstep/fabric/fabric_options.h>
 #include <lockstep/launchers/local_launcher.h>
 #include <lockstep/launchers/worker_environment.h>
 #include <lockstep/strategies/ddp_strategy.h>
+#include <lockstep/trainer/trainer_options.h>
 #include "../../support/errors.h"
-#include "../../support/paths.h"
 #include "../../support/fake_gpus.h"
+#include "../../support/paths.h"
+#include "../../support/scheduler_environment.h"
 
 namespace lockstep {
 namespace {
@@ -308,6 +313,162 @@ TEST(ConnectorNodes, TheManualRecipeRefusesWhatDoesNotAddUp) {
                        "NODE_RANK (0 to 1), MASTER_ADDR (node 0's address) and MASTER_PORT set, or start one process "
                        "per node with `lockstep launch --nnodes 2 ...`"),
             std::string::npos) << alone;
+}
+
+// A recorded job's environment (tests/fixtures/environments), with some variables set or removed.
+environments::Environ recorded(const std::string& name,
+                               const std::map<std::string, std::optional<std::string>>& changes = {}) {
+  auto vars = environments::Environ::from_env_file(std::string(LOCKSTEP_SOURCE_DIR) + "/tests/fixtures/environments/" +
+                                                   name)
+                  .vars();
+  for (const auto& [variable, value] : changes) {
+    if (value) {
+      vars[variable] = *value;
+    } else {
+      vars.erase(variable);
+    }
+  }
+  return environments::Environ(vars);
+}
+
+// 2 nodes with 4 GPUs each, one task per node (sbatch --ntasks-per-node=1, torchrun
+// --nproc_per_node=1): "auto" is the scheduler's 1 process per node, not the node's 4 GPUs.
+TEST(ConnectorSchedulerDevices, AutoIsTheOneTaskPerNodeOfSlurmAndTorchrunNotEveryGpu) {
+  FakeGpus gpus{{}};
+  for (const std::string job : {"slurm_srun_one_task_per_node_rank1.env", "torchrun_one_proc_per_node_rank1.env"}) {
+    const auto plan = resolve_plan(cuda("auto").num_nodes(2), recorded(job), nullptr, 4, gpus.probe());
+    EXPECT_EQ(plan.context.accelerator, accelerators::Accelerator::cuda) << job;
+    EXPECT_EQ(plan.context.devices_per_node, 1) << job;
+    EXPECT_EQ(plan.context.gpu_ids, (V{0})) << job;
+    EXPECT_EQ(plan.strategy->name(), "ddp") << job;
+    EXPECT_EQ(plan.strategy->global_rank(), 1) << job;
+    EXPECT_EQ(plan.strategy->root_device(), torch::Device(torch::kCUDA, 0)) << job;
+  }
+  EXPECT_EQ(gpus.calls(), 0);
+}
+
+// Several tasks per node: each process uses the GPU of its local rank.
+TEST(ConnectorSchedulerDevices, EachProcessUsesTheGpuOfItsLocalRank) {
+  FakeGpus gpus{{}};
+  auto plan = resolve_plan(cuda("auto").num_nodes(2), recorded("slurm_srun_rank5.env"), nullptr, 4, gpus.probe());
+  EXPECT_EQ(plan.context.gpu_ids, (V{0, 1, 2, 3}));
+  EXPECT_EQ(plan.strategy->root_device(), torch::Device(torch::kCUDA, 1)) << "SLURM_LOCALID=1";
+  // torchrun --nproc_per_node=2 on nodes with 4 GPUs: 2 devices, local rank 1 on cuda:1.
+  const auto two_per_node = recorded("torchrun_two_nodes_rank5.env", {{"LOCAL_WORLD_SIZE", "2"}, {"WORLD_SIZE", "4"},
+                                                                      {"RANK", "3"}});
+  plan = resolve_plan(cuda("auto").num_nodes(2), two_per_node, nullptr, 4, gpus.probe());
+  EXPECT_EQ(plan.context.devices_per_node, 2);
+  EXPECT_EQ(plan.context.gpu_ids, (V{0, 1}));
+  EXPECT_EQ(plan.strategy->root_device(), torch::Device(torch::kCUDA, 1));
+  // srun without --ntasks-per-node says no count per node: the job's 2 tasks over --num-nodes 2.
+  plan = resolve_plan(cuda("auto").num_nodes(2),
+                      recorded("slurm_srun_one_task_per_node_rank1.env", {{"SLURM_NTASKS_PER_NODE", std::nullopt}}),
+                      nullptr, 4, gpus.probe());
+  EXPECT_EQ(plan.context.devices_per_node, 1);
+  // The same rule on the CPU: the scheduler's processes per node.
+  plan = resolve_plan(PlanOptions().accelerator("cpu").num_nodes(2), recorded("torchrun_one_proc_per_node_rank1.env"),
+                      nullptr, 4, gpus.probe());
+  EXPECT_EQ(plan.context.devices_per_node, 1);
+}
+
+// Where the job and the options truly disagree, the message says what "auto" took and from where.
+TEST(ConnectorSchedulerDevices, ADisagreementSaysWhatAutoTookAndFromWhere) {
+  FakeGpus gpus{{}};
+  // 4 tasks on each of 2 nodes, but --num-nodes left at 1.
+  auto message = error_of<environments::EnvironmentError>(
+      [&] { resolve_plan(cuda("auto"), recorded("slurm_srun_rank5.env"), nullptr, 4, gpus.probe()); });
+  EXPECT_NE(message.find("--devices auto took the 4 process(es) slurm started on this node. You set --num-nodes=1 "
+                         "but the SLURM job runs on SLURM_STEP_NUM_NODES=2 nodes. Use --num-nodes 2"),
+            std::string::npos) << message;
+  // No count per node: the job's processes over --num-nodes, and the node count is the fix.
+  message = error_of<environments::EnvironmentError>([&] {
+    resolve_plan(cuda("auto"),
+                 recorded("slurm_srun_one_task_per_node_rank1.env", {{"SLURM_NTASKS_PER_NODE", std::nullopt}}),
+                 nullptr, 4, gpus.probe());
+  });
+  EXPECT_NE(message.find("--devices auto took the 2 processes of the job over --num-nodes 1 = 2 per node. "),
+            std::string::npos) << message;
+  EXPECT_NE(message.find("Or give --num-nodes the job's node count."), std::string::npos) << message;
+  // srun --gpus-per-task: each of the 4 tasks of a node sees one GPU.
+  message = error_of([&] {
+    resolve_plan(cuda("auto").num_nodes(2), recorded("slurm_srun_rank5.env", {{"CUDA_VISIBLE_DEVICES", "1"}}),
+                 nullptr, 1, gpus.probe());
+  });
+  EXPECT_NE(message.find("--devices auto took the 4 process(es) slurm started on this node, one CUDA device each by "
+                         "local rank, but this process sees 1 (CUDA_VISIBLE_DEVICES=1)"),
+            std::string::npos) << message;
+  // 3 tasks that 2 nodes cannot share evenly, and no count per node.
+  message = error_of([&] {
+    resolve_plan(PlanOptions().accelerator("cpu").num_nodes(2),
+                 recorded("slurm_srun_one_task_per_node_rank1.env",
+                          {{"SLURM_NTASKS_PER_NODE", std::nullopt}, {"SLURM_NTASKS", "3"}}),
+                 nullptr, 0, gpus.probe());
+  });
+  EXPECT_NE(message.find("--devices auto: slurm started 3 processes, which --num-nodes 2 does not share evenly"),
+            std::string::npos) << message;
+  // --devices given: the scheduler's own message, without a word about auto.
+  message = error_of<environments::EnvironmentError>([&] {
+    resolve_plan(cuda("2").num_nodes(2), recorded("slurm_srun_rank5.env"), nullptr, 4, gpus.probe());
+  });
+  EXPECT_EQ(message.find("auto"), std::string::npos) << message;
+  EXPECT_NE(message.find("Use --devices 4"), std::string::npos) << message;
+}
+
+// Lightning's plugins=[MyClusterEnvironment()]: the plan takes the ranks and the address of the
+// user's environment, not of the one detected (here torchrun's).
+TEST(ConnectorEnvironment, AUsersEnvironmentGivesThePlanItsRanksAndAddress) {
+  FakeGpus gpus{{}};
+  const auto mine = testing::scheduler_environment(5, 8, 4, "10.1.2.3", 29777);
+  const auto plan = resolve_plan(PlanOptions().accelerator("cpu").num_nodes(2),
+                                 recorded("torchrun_single_node_rank1.env"), nullptr, 0, gpus.probe(), mine);
+  EXPECT_EQ(plan.context.environment, mine);
+  EXPECT_EQ(plan.context.devices_per_node, 4) << "its 4 processes per node";
+  EXPECT_EQ(plan.strategy->name(), "ddp");
+  EXPECT_EQ(plan.strategy->global_rank(), 5);
+  EXPECT_EQ(plan.strategy->world_size(), 8);
+  EXPECT_EQ(plan.strategy->local_rank(), 1);
+  EXPECT_EQ(plan.strategy->node_rank(), 1);
+  EXPECT_EQ(plan.strategy->launcher(), nullptr) << "its scheduler started the processes";
+  const auto group = plan.context.environment->process_group_options();
+  EXPECT_EQ(group.main_address(), "10.1.2.3");
+  EXPECT_EQ(group.main_port(), 29777);
+  EXPECT_EQ(group.rank(), 5);
+}
+
+TEST(ConnectorEnvironment, AUsersEnvironmentThatStartsNoProcessesIsRefused) {
+  FakeGpus gpus{{}};
+  distributed::Placement placement;
+  const auto message = error_of([&] {
+    resolve_plan(PlanOptions().accelerator("cpu"), environments::Environ(), nullptr, 0, gpus.probe(),
+                 std::make_shared<testing::SchedulerEnvironment>(placement, false));
+  });
+  EXPECT_NE(message.find("the environment 'my_scheduler' does not start the processes (creates_processes_externally() "
+                         "is false)"),
+            std::string::npos) << message;
+}
+
+// 1800 s, as PyTorch's default_pg_timeout, from the options into the plan and the strategy.
+TEST(ConnectorPlan, TheDefaultTimeoutIs1800Seconds) {
+  EXPECT_EQ(PlanOptions().timeout(), 1800.0);
+  EXPECT_EQ(TrainerOptions().timeout(), 1800.0);
+  EXPECT_EQ(FabricOptions().timeout(), 1800.0);
+  auto plan = resolve_plan(PlanOptions().accelerator("cpu").devices("2"), environments::Environ(), nullptr, 0);
+  EXPECT_EQ(plan.context.timeout_seconds, 1800.0);
+  EXPECT_EQ(plan.strategy->context().timeout_seconds, 1800.0);
+  plan = resolve_plan(PlanOptions().accelerator("cpu").timeout(60), environments::Environ(), nullptr, 0);
+  EXPECT_EQ(plan.strategy->context().timeout_seconds, 60.0);
+}
+
+// single_device on CUDA computes on the device asked for: the first for a count, else the id.
+TEST(ConnectorGpus, SingleDeviceRootIsTheDeviceAskedFor) {
+  FakeGpus gpus{{}};
+  const std::map<std::string, int> root_of{{"1", 0}, {"2,", 2}, {"[3]", 3}, {"auto", 0}};
+  for (const auto& [devices, id] : root_of) {
+    const int visible = devices == "auto" ? 1 : 4;
+    const auto plan = resolve_plan(cuda(devices), environments::Environ(), nullptr, visible, gpus.probe());
+    EXPECT_EQ(plan.strategy->name(), "single_device") << devices;
+    EXPECT_EQ(plan.strategy->root_device(), torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(id))) << devices;
+  }
 }
 
 }  // namespace

@@ -1,10 +1,12 @@
 // The DDP strategies as the connector makes them from --strategy and the Trainer flags, on 2
 // ranks run as threads (tests/support/plan_ranks.h): what each registered name sets, the
-// sampler split, and --sync-batchnorm; and the default configure_ddp's device_ids (as PyTorch's
+// sampler split, and --sync-batchnorm; and on its own, in one process: the start methods it takes,
+// the timeout its process group gets, and the default configure_ddp's device_ids (as PyTorch's
 // DDP(device_ids=[i]): the module must be on that device).
 #include <lockstep/strategies/ddp_strategy.h>
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +24,7 @@
 #include <lockstep/distributed/collectives.h>
 #include <lockstep/distributed/distributed_error.h>
 #include <lockstep/distributed/sync_batchnorm.h>
+#include <lockstep/plan/connector.h>
 #include <lockstep/trainer/trainer_options.h>
 
 #include "../../support/errors.h"
@@ -154,5 +157,33 @@ TEST(DDPStrategyDevice, TheDefaultConfigureDdpRefusesAModuleOffItsDevice) {
   EXPECT_NO_THROW(strategies::DDPStrategy::check_on_device(*module, {})) << "on the CPU: no ids, module on the CPU";
 }
 
+// Lightning's start_method takes popen, spawn, fork and forkserver; spawn and forkserver are
+// Python's multiprocessing. The message names the value and the two there are.
+TEST(DDPStrategy, AStartMethodOtherThanPopenOrForkIsRefusedNamingBoth) {
+  for (const std::string method : {"spawn", "forkserver", "Popen", ""}) {
+    const auto message = testing::error_of([&] { strategies::DDPStrategy(distributed::DDPOptions(), method); });
+    EXPECT_NE(message.find("DDPStrategy start_method '" + method + "' is not one Lockstep has"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("use \"popen\" (re-executes the program for the other local ranks, the default) or "
+                           "\"fork\"."),
+              std::string::npos) << message;
+  }
+  EXPECT_EQ(strategies::DDPStrategy(distributed::DDPOptions(), "popen").name(), "ddp");
+  EXPECT_EQ(strategies::DDPStrategy(distributed::DDPOptions(), "fork", "ddp_fork").name(), "ddp_fork");
+}
+
+// The timeout of the options (default 1800 s, as PyTorch's) is the process group's.
+TEST(DDPStrategy, TheTimeoutOfTheOptionsReachesTheProcessGroup) {
+  for (const double seconds : {1800.0, 42.0}) {
+    auto options = PlanOptions().accelerator("cpu").devices("1").strategy("ddp");
+    if (seconds != 1800.0) options.timeout(seconds);
+    const auto plan = resolve_plan(options, environments::Environ(), nullptr, 0);
+    plan.strategy->setup_environment();
+    auto& ddp = dynamic_cast<strategies::DDPStrategy&>(*plan.strategy);
+    EXPECT_EQ(ddp.process_group().timeout(), std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+  }
+}
+
 }  // namespace
 }  // namespace ddp_strategy_test
+}  // namespace lockstep

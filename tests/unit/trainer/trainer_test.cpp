@@ -11,6 +11,7 @@
 #include <lockstep/core/error.h>
 
 #include "../../support/regression.h"
+#include "../../support/scheduler_environment.h"
 
 namespace lockstep {
 namespace {
@@ -185,6 +186,19 @@ TEST_F(TrainerTest, BenchmarkSetsTheCudnnFlagAndSaysItDoesNothingOnTheCpu) {
 
 // A valid archive with the Trainer's keys but other contents (a checkpoint of something else):
 // one usage error naming the key and what it should hold, not LibTorch's raw type error.
+// Lightning's Trainer(plugins=[MyClusterEnvironment()]): the Trainer runs in the user's
+// environment instead of the detected one.
+TEST_F(TrainerTest, SetClusterEnvironmentReplacesTheDetectedOne) {
+  const auto mine = testing::scheduler_environment(0, 1, 1, "127.0.0.1", 29500);
+  Trainer trainer(options());
+  EXPECT_THROW(trainer.set_cluster_environment(nullptr), UsageError);
+  trainer.set_cluster_environment(mine);
+  trainer.validate(std::make_shared<Regressor>(), std::make_shared<DataLoader>(regression_data(32), DataLoaderOptions(16)));
+  EXPECT_EQ(trainer.strategy().context().environment, mine);
+  EXPECT_EQ(trainer.strategy().name(), "single_device") << "auto: its one process";
+  EXPECT_THROW(trainer.set_cluster_environment(mine), UsageError) << "after the job started";
+}
+
 TEST_F(TrainerTest, ACheckpointOfSomethingElseIsAUsageErrorNamingTheKey) {
   auto data = regression_data(16);
   const std::string path = (root / "other.ckpt").string();
