@@ -1,16 +1,21 @@
 // The documentation's programs and the examples, built the way a user builds them: against the
-// installed package (find_package(lockstep)), out of the tree. The examples compile on their own
-// includes alone. The documented programs begin with <lockstep/lockstep.h> (kPreamble), so they
-// share one precompiled copy of that header; it compiled them in a third of the time.
+// installed package (find_package(lockstep)), out of the tree. The documented programs begin with
+// <lockstep/lockstep.h> (kPreamble), so they and the examples share one precompiled copy of that
+// header; it compiled them in a third of the time, and an example in a fifth (22 s of CPU without
+// it, 2026-12-02). That each example includes the Lockstep headers it uses is checked by the main
+// build, which gives them only <torch/torch.h> precompiled.
 // A C++ block in README.md or docs/*.md that holds `int main(` must be marked `<!-- compile -->`
 // on the line before it; `<!-- compile: prefix -->` marks a block that later compiled blocks of
 // the same file build on (a class defined once, used in the next block).
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -92,17 +97,22 @@ testing::CommandResult build(const std::vector<Program>& programs, const std::ve
     cmake << "add_executable(" << name << " " << file << ")\ntarget_link_libraries(" << name
           << " PRIVATE lockstep::lockstep)\n";
   };
+  std::vector<std::string> targets;
   for (const auto& program : programs) {
     std::ofstream(dir / (program.name + ".cpp")) << program.code;
     add(program.name, program.name + ".cpp");
-    if (programs.size() < 2) continue;  // a precompiled header pays off from two programs on
-    if (&program == &programs.front()) {
-      cmake << "target_precompile_headers(" << program.name << " PRIVATE <lockstep/lockstep.h>)\n";
-    } else {
-      cmake << "target_precompile_headers(" << program.name << " REUSE_FROM " << programs.front().name << ")\n";
+    targets.push_back(program.name);
+  }
+  for (const auto& source : sources) {
+    add(source.parent_path().filename().string(), source.string());
+    targets.push_back(source.parent_path().filename().string());
+  }
+  if (targets.size() >= 2) {  // a precompiled header pays off from two programs on
+    cmake << "target_precompile_headers(" << targets.front() << " PRIVATE <lockstep/lockstep.h>)\n";
+    for (size_t i = 1; i < targets.size(); ++i) {
+      cmake << "target_precompile_headers(" << targets[i] << " REUSE_FROM " << targets.front() << ")\n";
     }
   }
-  for (const auto& source : sources) add(source.parent_path().filename().string(), source.string());
   cmake.close();
   const std::map<std::string, std::string> env{{"PATH", "/usr/bin:/bin"}, {"HOME", "/tmp"}};
   // Torch where this build found it (PyPI's wheel for build-libtorch2; Debian's is found anyway).
@@ -165,21 +175,201 @@ TEST(DocsCompile, ABrokenBlockFailsTheBuildNamingIt) {
   EXPECT_NE((result.out + result.err).find("no_such_function"), std::string::npos) << result.out << result.err;
 }
 
+// Every test that tests/ defines, as "Suite.Case": TEST, TEST_F and TEST_P, whatever the spacing.
+std::set<std::string> defined_tests() {
+  std::set<std::string> names;
+  const std::regex test(R"(\bTEST(?:_F|_P)?\(\s*(\w+)\s*,\s*(\w+)\s*\))");
+  for (const auto& entry : fs::recursive_directory_iterator(source_dir / "tests")) {
+    if (entry.path().extension() != ".cpp") continue;
+    const std::string code = testing::slurp(entry.path().string());
+    for (std::sregex_iterator it(code.begin(), code.end(), test), end; it != end; ++it) {
+      names.insert((*it)[1].str() + "." + (*it)[2].str());
+    }
+  }
+  return names;
+}
+
+// The tests a text names, as `Suite.Case` in backticks.
+std::vector<std::string> named_tests(const std::string& text) {
+  static const std::regex named("`([A-Za-z_][A-Za-z0-9_]*\\.[A-Z][A-Za-z0-9_]*)`");
+  std::vector<std::string> names;
+  for (std::sregex_iterator it(text.begin(), text.end(), named), end; it != end; ++it) names.push_back((*it)[1]);
+  return names;
+}
+
 // docs/launching.md points each recipe at the test that runs it: every `Suite.Name` it names is a
 // test of tests/ (TEST, TEST_F or TEST_P), so that the pointer cannot go stale.
 TEST(DocsLaunching, EveryRecipeNamesATestThatExists) {
-  std::string sources;
-  for (const auto& entry : fs::recursive_directory_iterator(source_dir / "tests")) {
-    if (entry.path().extension() == ".cpp") sources += testing::slurp(entry.path().string());
+  const auto tests = defined_tests();
+  const auto named = named_tests(testing::slurp((source_dir / "docs/launching.md").string()));
+  for (const auto& name : named) EXPECT_TRUE(tests.count(name)) << name << " is named in docs/launching.md but is no test";
+  EXPECT_GE(named.size(), 8u) << "a test for each recipe";
+}
+
+// docs/seeds.md, the seeds' behaviours against Lockstep's: every row of its tables names, in its
+// last cell, at least one test, and every test it names is in tests/.
+TEST(DocsSeeds, EveryRowNamesTestsThatExist) {
+  const auto tests = defined_tests();
+  std::ifstream in(source_dir / "docs/seeds.md");
+  int rows = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("| ", 0) != 0 || line.rfind("| seed |", 0) == 0) continue;
+    ++rows;
+    const std::string last = line.substr(line.rfind('|', line.size() - 2));
+    const auto named = named_tests(last);
+    EXPECT_FALSE(named.empty()) << "docs/seeds.md: a row names no test: " << line;
+    for (const auto& name : named) EXPECT_TRUE(tests.count(name)) << name << " is named in docs/seeds.md but is no test";
   }
-  const std::string doc = testing::slurp((source_dir / "docs/launching.md").string());
-  const std::regex named("`([A-Z][A-Za-z]+)\\.([A-Z][A-Za-z]+)`");
-  int checked = 0;
-  for (std::sregex_iterator it(doc.begin(), doc.end(), named), end; it != end; ++it, ++checked) {
-    const std::regex test("TEST(_F|_P)?\\(" + (*it)[1].str() + ", " + (*it)[2].str() + "\\)");
-    EXPECT_TRUE(std::regex_search(sources, test)) << (*it)[0] << " is named in docs/launching.md but is no test";
+  EXPECT_GE(rows, 40) << "the five seeds' behaviours";
+}
+
+// An option's default as a header states it: the value it is initialised with
+// (`TORCH_ARG(type, name) = value;`) and the value its comment gives ("Default: value.").
+struct StatedDefault {
+  std::string value;
+  std::string comment;
+};
+
+// The TORCH_ARG fields of a header's text, by name.
+std::map<std::string, StatedDefault> header_defaults(const std::string& header) {
+  static const std::regex field(R"(TORCH_ARG\(\s*[^,]+,\s*(\w+)\s*\)\s*=\s*([^;]+);)");
+  std::map<std::string, StatedDefault> defaults;
+  size_t comment_from = 0;  // where the comments above the current field begin
+  for (std::sregex_iterator it(header.begin(), header.end(), field), end; it != end; ++it) {
+    const std::string above = header.substr(comment_from, static_cast<size_t>(it->position(0)) - comment_from);
+    comment_from = static_cast<size_t>(it->position(0) + it->length(0));
+    std::string comment;
+    const size_t at = above.rfind("Default: ");
+    if (at != std::string::npos) {
+      const size_t from = at + 9;
+      size_t to = above[from] == '"' ? above.find('"', from + 1) + 1 : above.find_first_of(" \n", from);
+      comment = above.substr(from, to - from);
+      if (above[from] != '"' && !comment.empty() && comment.back() == '.') comment.pop_back();
+    }
+    defaults[(*it)[1]] = {(*it)[2], comment};
   }
-  EXPECT_GE(checked, 8) << "a test for each recipe";
+  return defaults;
+}
+
+// Two spellings of one default: the value before any words that explain it ("unset: true for
+// ..."), quotes and backticks dropped, numbers compared as numbers (1800 and 1800.0), "(none)" for
+// "", "unset" for std::nullopt.
+bool same_default(std::string a, std::string b) {
+  const auto bare = [](std::string v) {
+    if (v == "(none)") return std::string();
+    if (v.rfind("std::", 0) != 0) v = v.substr(0, v.find_first_of(" ,:;"));
+    v.erase(std::remove_if(v.begin(), v.end(), [](char c) { return c == '`' || c == '"'; }), v.end());
+    return v == "std::nullopt" ? std::string("unset") : v;
+  };
+  a = bare(a);
+  b = bare(b);
+  char* end_a = nullptr;
+  char* end_b = nullptr;
+  const double x = std::strtod(a.c_str(), &end_a), y = std::strtod(b.c_str(), &end_b);
+  if (!a.empty() && !b.empty() && *end_a == '\0' && *end_b == '\0') return x == y;
+  return a == b;
+}
+
+// Where the docs and the headers disagree on a default, one line each: a table row of `doc`
+// under `heading` ("| `--max-epochs` | -1 | ...": a flag, read as the field max_epochs, or "|
+// `bucket_cap_mb` | 25 | ...") whose default cell is not the field's value; a field of `defaults`
+// the table lacks; a header comment that gives another value than the code. `described` are
+// cells that describe an empty default in words ("gloo on CPU, nccl on CUDA"); `not_in_table` are
+// fields that are no flag (the text around the table names them instead).
+std::vector<std::string> default_mismatches(const std::string& doc, const std::string& heading,
+                                            const std::map<std::string, StatedDefault>& defaults,
+                                            const std::map<std::string, std::string>& described = {},
+                                            const std::set<std::string>& not_in_table = {}) {
+  std::vector<std::string> mismatches;
+  std::set<std::string> documented;
+  std::istringstream in(doc);
+  bool inside = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind('#', 0) == 0) inside = line == heading;
+    static const std::regex row(R"(^\| `(--)?([a-z0-9_-]+)` \| ([^|]*[^ |]) \|)");
+    std::smatch match;
+    if (!inside || !std::regex_search(line, match, row)) continue;
+    std::string name = match[2];
+    std::replace(name.begin(), name.end(), '-', '_');
+    const std::string cell = match[3];
+    const auto field = defaults.find(name);
+    if (field == defaults.end()) {
+      mismatches.push_back(heading + ": " + match[1].str() + match[2].str() + " is no option of the header");
+      continue;
+    }
+    documented.insert(name);
+    const auto words = described.find(name);
+    const bool as_described = words != described.end() && cell == words->second && same_default(field->second.value, "");
+    if (!as_described && !same_default(cell, field->second.value)) {
+      mismatches.push_back(heading + ": " + name + " is documented as " + cell + ", the header sets " + field->second.value);
+    }
+  }
+  for (const auto& [name, stated] : defaults) {
+    if (not_in_table.count(name)) {
+      if (doc.find("`." + name + "(") == std::string::npos) mismatches.push_back(name + ": the docs never name it");
+    } else if (!documented.count(name)) {
+      mismatches.push_back(heading + ": " + name + " is not in the table");
+    }
+    if (stated.comment.empty()) {
+      mismatches.push_back(name + ": its comment gives no \"Default: \"");
+    } else if (!same_default(stated.comment, stated.value)) {
+      mismatches.push_back(name + ": its comment says Default: " + stated.comment + ", the code sets " + stated.value);
+    }
+  }
+  return mismatches;
+}
+
+// The defaults the user guide's tables state are the headers': the Trainer flags (TrainerOptions
+// and the PlanOptions it shares with Fabric) and the DDP options, each field with a row (but
+// trainer_variables, which is no flag), and each header comment's "Default:" the value the code sets.
+TEST(DocsDefaults, TheTablesAndTheHeaderCommentsGiveTheHeadersDefaults) {
+  const std::string guide = testing::slurp((source_dir / "docs/user-guide.md").string());
+  const auto header = [](const char* path) { return testing::slurp((source_dir / "include/lockstep" / path).string()); };
+  auto trainer = header_defaults(header("trainer/trainer_options.h"));
+  const auto plan = header_defaults(header("plan/plan_options.h"));
+  trainer.insert(plan.begin(), plan.end());
+  const auto ddp = header_defaults(header("distributed/ddp_options.h"));
+  EXPECT_GE(trainer.size(), 33u);
+  EXPECT_GE(ddp.size(), 8u);
+  const std::map<std::string, std::string> described{{"process_group_backend", "gloo on CPU, nccl on CUDA"}};
+  // Whether the Trainer and Fabric read LOCKSTEP_TRAINER_* themselves: no flag, as flags read them.
+  auto mismatches = default_mismatches(guide, "### Trainer flags", trainer, described, {"trainer_variables"});
+  const auto of_ddp = default_mismatches(guide, "## DDP options", ddp);
+  mismatches.insert(mismatches.end(), of_ddp.begin(), of_ddp.end());
+  for (const auto& m : mismatches) ADD_FAILURE() << m;
+}
+
+// The check names a table row that states another default, a field without a row, a comment that
+// disagrees with the code, and a row of no field; it takes 1800 for 1800.0, (none) for "" and
+// "unset: ..." for std::nullopt.
+TEST(DocsDefaults, ADefaultThatDiffersIsNamed) {
+  const std::string header =
+      "  /// Seconds. Default: 1800.\n  TORCH_ARG(double, timeout) = 1800.0;\n"
+      "  /// Resume from. Default: \"\" (start fresh).\n  TORCH_ARG(std::string, ckpt_path) = \"\";\n"
+      "  /// Epochs. Default: 3.\n  TORCH_ARG(int64_t, max_epochs) = -1;\n"
+      "  /// Steps. Default: -1.\n  TORCH_ARG(int64_t, max_steps) = -1;\n"
+      "  /// Mode. Default: \"off\".\n  TORCH_ARG(std::string, debug) = \"off\";\n"
+      "  /// Each wrapper's. Default: unset, which means true.\n  TORCH_ARG(std::optional<bool>, broadcast) = std::nullopt;\n";
+  const std::string doc =
+      "### Flags\n\n| flag | default | meaning |\n| --- | --- | --- |\n"
+      "| `--timeout` | 1800 | seconds |\n| `--ckpt-path` | (none) | resume |\n"
+      "| `--max-epochs` | -1 | epochs |\n| `--debug` | `on` | mode |\n| `--gone` | 1 | removed |\n"
+      "| `--broadcast` | unset: true for DDP | buffers |\n"
+      "## Other\n\n| `--max-steps` | -1 | a row of another table |\n";
+  const auto mismatches = default_mismatches(doc, "### Flags", header_defaults(header));
+  const std::vector<std::string> expected = {
+      "### Flags: --gone is no option of the header",
+      "### Flags: debug is documented as `on`, the header sets \"off\"",
+      "### Flags: max_steps is not in the table",
+      "max_epochs: its comment says Default: 3, the code sets -1",
+  };
+  std::vector<std::string> sorted = mismatches;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, expected) << "got:\n" << [&] {
+    std::string all;
+    for (const auto& m : mismatches) all += m + "\n";
+    return all;
+  }();
 }
 
 // The lines of the ```cpp block of `markdown` whose first line starts with `first`.

@@ -459,6 +459,24 @@ TEST(ConnectorPlan, TheDefaultTimeoutIs1800Seconds) {
   EXPECT_EQ(plan.strategy->context().timeout_seconds, 60.0);
 }
 
+// --strategy auto (Lightning's AcceleratorConnector): ddp for more than one process, counting
+// every node's, else single_device; on CUDA the same from the device count.
+TEST(ConnectorPlan, AutoStrategyIsDdpForSeveralProcessesElseSingleDevice) {
+  const environments::Environ none;
+  EXPECT_EQ(resolve_plan(PlanOptions().accelerator("cpu"), none, nullptr, 0).strategy->name(), "single_device");
+  EXPECT_EQ(resolve_plan(PlanOptions().accelerator("cpu").devices("1"), none, nullptr, 0).strategy->name(),
+            "single_device");
+  EXPECT_EQ(resolve_plan(PlanOptions().accelerator("cpu").devices("3"), none, nullptr, 0).strategy->name(), "ddp");
+  FakeGpus gpus{{}};
+  EXPECT_EQ(resolve_plan(cuda("auto"), none, nullptr, 1, gpus.probe()).strategy->name(), "single_device");
+  EXPECT_EQ(resolve_plan(cuda("auto"), none, nullptr, 2, gpus.probe()).strategy->name(), "ddp");
+  // One process per node on two nodes (torchrun, 1 per node) is still a job of 2: ddp.
+  const auto plan = resolve_plan(PlanOptions().accelerator("cpu").num_nodes(2),
+                                 recorded("torchrun_one_proc_per_node_rank1.env"), nullptr, 0);
+  EXPECT_EQ(plan.context.devices_per_node, 1);
+  EXPECT_EQ(plan.strategy->name(), "ddp");
+}
+
 // single_device on CUDA computes on the device asked for: the first for a count, else the id.
 TEST(ConnectorGpus, SingleDeviceRootIsTheDeviceAskedFor) {
   FakeGpus gpus{{}};
