@@ -7,6 +7,8 @@
 //   std:: or c10:: exception built in place, TORCH_CHECK, or a LOCKSTEP_CHECK of a foreign class
 //   fails, naming the file and the line.
 // - Every option a user sets is read by some code (an option nothing reads does nothing).
+// And one check without a synthetic tree: every TrainerOptions and PlanOptions field takes its
+// LOCKSTEP_TRAINER_* variable (deleting a line of apply_trainer_variables fails it).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -573,6 +575,35 @@ TEST(Architecture, AnOptionNothingReadsIsNamed) {
   std::sort(sorted_unread.begin(), sorted_unread.end());
   std::sort(sorted_expected.begin(), sorted_expected.end());
   EXPECT_EQ(sorted_unread, sorted_expected) << joined(unread);
+}
+
+
+// Every field of TrainerOptions and PlanOptions takes its LOCKSTEP_TRAINER_* variable when the
+// options are built in code: apply_trainer_variables lists each field by hand (`v.set("name",`),
+// so a field added without its line would ignore its variable. trainer_variables itself is the
+// switch, not a field with a variable.
+TEST(Architecture, EveryTrainerOptionTakesItsVariable) {
+  const fs::path root = LOCKSTEP_SOURCE_DIR;
+  static const std::regex torch_arg(R"(TORCH_ARG\(\s*[^,]+,\s*(\w+)\s*\))");
+  std::string setters;
+  for (const char* source : {"src/lockstep/trainer/trainer_options.cpp", "src/lockstep/plan/trainer_variables.cpp"}) {
+    setters += code_of(root / source);
+  }
+  int fields = 0;
+  for (const char* header : {"include/lockstep/trainer/trainer_options.h", "include/lockstep/plan/plan_options.h"}) {
+    const std::string code = code_of(root / header);
+    for (std::sregex_iterator it(code.begin(), code.end(), torch_arg), end; it != end; ++it, ++fields) {
+      const std::string name = (*it)[1];
+      if (name == "trainer_variables") continue;
+      std::string variable = "LOCKSTEP_TRAINER_" + name;
+      std::transform(variable.begin(), variable.end(), variable.begin(), [](unsigned char c) { return std::toupper(c); });
+      // code_of empties strings, so the field is found by its getter: v.set("", o.name(), d.name() ...
+      EXPECT_NE(setters.find("o." + name + "(), d." + name + "()"), std::string::npos)
+          << header << ": " << name << " has no line in apply_trainer_variables, so " << variable
+          << " would be ignored for options built in code";
+    }
+  }
+  EXPECT_GE(fields, 33);
 }
 
 }  // namespace
