@@ -113,8 +113,6 @@ class DistributedDataParallelBase : public Joinable {
   ProcessGroup& join_process_group() override { return group_; }
 
  private:
-  void verify_same_parameters();
-  void broadcast_state(const std::vector<at::Tensor>& tensors, const std::string& what, int src = 0);
   /// Under a Join: whether any active rank reduces gradients in this iteration's backward.
   bool share_grad_sync(bool sync);
 

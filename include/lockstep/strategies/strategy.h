@@ -7,8 +7,10 @@
 #include <string>
 #include <vector>
 
+#include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
 #include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 #include <torch/types.h>
 
 #include <lockstep/accelerators/device_parser.h>
@@ -75,6 +77,28 @@ class Strategy {
   virtual void manual_backward(const torch::Tensor& loss) { backward(loss); }
   /// Whether the next backward synchronises gradients (false on accumulating batches).
   virtual void set_gradient_sync(bool enabled) {}
+
+  // Gradients and state as the strategy holds them (whole here; a sharded strategy gathers).
+  /// Scales the gradients of `parameters` so that their total norm (order `norm_type`) is at most
+  /// `max_norm`; returns the norm before clipping. Here torch::nn::utils::clip_grad_norm_; a
+  /// sharded strategy takes the norm over every rank's shards.
+  virtual double clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm, double norm_type);
+  /// Throws UsageError for an optimizer this strategy cannot step right (called when optimizers
+  /// are set up).
+  virtual void check_optimizer(const torch::optim::Optimizer& optimizer) const {}
+  /// Whether each rank holds only a shard of the gradients and optimizer state: checkpoint state
+  /// is then collected by every rank (a collective), not by rank 0 alone, and a loss scaler's
+  /// inf check, made on each rank's shard, could skip the step on some ranks only.
+  virtual bool shards_state() const { return false; }
+  /// The module's parameters and buffers, whole, for a checkpoint (checkpoint::state_dict here).
+  virtual c10::Dict<std::string, torch::Tensor> module_state_dict(const torch::nn::Module& module);
+  /// Loads whole tensors by name into the module; strict: every name of the module, no other.
+  virtual void load_module_state_dict(torch::nn::Module& module, const c10::impl::GenericDict& state,
+                                      bool strict = true);
+  /// The optimizer's state in Python's layout, whole (checkpoint::optimizer_state_dict here).
+  virtual c10::impl::GenericDict optimizer_state_dict(const torch::optim::Optimizer& optimizer);
+  /// Loads a state from optimizer_state_dict() (also one saved by another strategy).
+  virtual void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::impl::GenericDict& state);
 
   // Ranks and collectives (trivial with one process).
   /// The ranks' process group once set up; null for one process.

@@ -8,33 +8,12 @@
 #include <torch/torch.h>
 
 #include <lockstep/distributed/collectives.h>
+#include <lockstep/distributed/module_state.h>
 #include <lockstep/distributed/sync_batchnorm.h>
 #include <lockstep/core/error.h>
 
 namespace lockstep {
 namespace distributed {
-namespace {
-
-// One line per parameter, "name dtype [sizes] grad|nograd": what every rank must agree on.
-std::string describe_parameter(const std::string& name, const at::Tensor& p) {
-  std::ostringstream out;
-  out << name << ' ' << c10::toString(p.scalar_type()) << ' ' << p.sizes() << (p.requires_grad() ? "" : " (no grad)");
-  return out.str();
-}
-
-std::vector<std::string> split_lines(const at::Tensor& bytes) {
-  const std::string text(reinterpret_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()));
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
-
-std::string parameter_at(const std::vector<std::string>& lines, size_t k) {
-  return k < lines.size() ? "'" + lines[k] + "'" : "no parameter";
-}
-
-}  // namespace
 
 NoSyncGuard::NoSyncGuard(DistributedDataParallelBase& ddp) : ddp_(ddp), previous_(ddp.require_backward_grad_sync()) {
   ddp_.set_require_backward_grad_sync(false);
@@ -52,7 +31,7 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
                                 std::to_string(options_.bucket_cap_mb()) + " and " +
                                 std::to_string(options_.first_bucket_mb()) + ").");
   }
-  verify_same_parameters();
+  verify_same_parameters(*module_, group_, "DistributedDataParallel");
   // Shared parameters appear once.
   std::unordered_set<const void*> seen;
   std::vector<at::Tensor> all_params, reduced;
@@ -67,8 +46,8 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   for (const auto& buffer : module_->buffers(/*recurse=*/true)) {
     if (buffer.defined()) buffers_.push_back(buffer);
   }
-  broadcast_state(all_params, "parameters");
-  broadcast_state(buffers_, "buffers");
+  broadcast_tensors(group_, all_params, "DDP parameters");
+  broadcast_tensors(group_, buffers_, "DDP buffers");
   all_params_ = std::move(all_params);
   for (const auto& m : module_->modules(/*include_self=*/true)) {
     auto* sync = dynamic_cast<SyncBatchNormImpl*>(m.get());
@@ -80,61 +59,6 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
 }
 
 DistributedDataParallelBase::~DistributedDataParallelBase() = default;
-
-void DistributedDataParallelBase::verify_same_parameters() {
-  std::string mine;
-  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
-    mine += describe_parameter(item.key(), item.value()) + "\n";
-  }
-  auto bytes = torch::empty({static_cast<int64_t>(mine.size())}, torch::kUInt8);
-  std::memcpy(bytes.data_ptr(), mine.data(), mine.size());
-  const auto gathered = all_gather(group_, bytes, CollectiveOptions().tag("DDP parameter check"));
-  std::vector<std::vector<std::string>> ranks;
-  for (const auto& part : gathered) ranks.push_back(split_lines(part));
-  // The first parameter position where some rank differs from rank 0.
-  size_t first = SIZE_MAX;
-  int other = -1;
-  for (size_t r = 1; r < ranks.size(); ++r) {
-    const size_t n = std::max(ranks[0].size(), ranks[r].size());
-    for (size_t k = 0; k < n && k < first; ++k) {
-      if (k >= ranks[0].size() || k >= ranks[r].size() || ranks[0][k] != ranks[r][k]) {
-        first = k;
-        other = static_cast<int>(r);
-      }
-    }
-  }
-  if (other < 0) return;
-  std::string differing;
-  for (size_t r = 1; r < ranks.size(); ++r) {
-    if (ranks[r] != ranks[0]) differing += (differing.empty() ? "" : ", ") + std::to_string(r);
-  }
-  std::ostringstream msg;
-  msg << group_.describe() << ": DistributedDataParallel needs the same parameters on every rank, but rank(s) "
-      << differing << " differ from rank 0. First difference, parameter #" << first << ": rank 0 has "
-      << parameter_at(ranks[0], first) << ", rank " << other << " has " << parameter_at(ranks[other], first)
-      << " (rank 0 has " << ranks[0].size() << " parameters, rank " << other << " has " << ranks[other].size()
-      << "). Build the same model (same layers, sizes and dtypes) on every rank before wrapping it.";
-  throw DistributedError(msg.str());
-}
-
-void DistributedDataParallelBase::broadcast_state(const std::vector<at::Tensor>& tensors, const std::string& what,
-                                                  int src) {
-  if (tensors.empty() || group_.world_size() == 1) return;
-  torch::NoGradGuard no_grad;
-  std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
-  for (const auto& t : tensors) by_dtype[t.scalar_type()].push_back(t);
-  for (auto& entry : by_dtype) {
-    std::vector<at::Tensor> flat;
-    for (const auto& t : entry.second) flat.push_back(t.reshape({-1}));
-    auto packed = torch::cat(flat);
-    broadcast_tensor(group_, packed, src, CollectiveOptions().tag("DDP " + what + " from rank " + std::to_string(src)));
-    int64_t offset = 0;
-    for (auto& t : entry.second) {
-      t.copy_(packed.narrow(0, offset, t.numel()).view(t.sizes()));
-      offset += t.numel();
-    }
-  }
-}
 
 void DistributedDataParallelBase::prepare_forward() {
   // Under a Join the collectives below are matched by join_main_hook on the joined ranks, in
@@ -148,7 +72,7 @@ void DistributedDataParallelBase::prepare_forward() {
   // still training: a joined rank's are stale (PyTorch).
   const bool training_forward = at::GradMode::is_enabled() && module_->is_training();
   if (*options_.broadcast_buffers() && (training_forward || join)) {
-    broadcast_state(buffers_, "buffers", join ? join->last_active_rank : 0);
+    broadcast_tensors(group_, buffers_, "DDP buffers", join ? join->last_active_rank : 0);
   }
   if (join) share_grad_sync(require_backward_grad_sync_ && at::GradMode::is_enabled());
 }
@@ -161,7 +85,7 @@ bool DistributedDataParallelBase::share_grad_sync(bool sync) {
 
 void DistributedDataParallelBase::join_main_hook(const JoinState& state) {
   reducer_->prepare_for_forward();
-  if (*options_.broadcast_buffers()) broadcast_state(buffers_, "buffers", state.last_active_rank);
+  if (*options_.broadcast_buffers()) broadcast_tensors(group_, buffers_, "DDP buffers", state.last_active_rank);
   if (share_grad_sync(false)) reducer_->join_backward();
 }
 
@@ -169,8 +93,8 @@ void DistributedDataParallelBase::join_post_hook(bool is_last_joiner) {
   auto source = torch::tensor({is_last_joiner ? group_.rank() : -1}, torch::kInt32);
   all_reduce(group_, source, ReduceOp::max, CollectiveOptions().tag("Join final model source"));
   const int src = source.item<int32_t>();
-  broadcast_state(all_params_, "parameters", src);
-  broadcast_state(buffers_, "buffers", src);
+  broadcast_tensors(group_, all_params_, "DDP parameters", src);
+  broadcast_tensors(group_, buffers_, "DDP buffers", src);
 }
 
 void DistributedDataParallelBase::finish_forward_tensors(const std::vector<at::Tensor>& outputs, bool outputs_known) {

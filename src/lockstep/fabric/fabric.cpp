@@ -68,7 +68,12 @@ void Fabric::launch() {
   plan_ = lockstep::launch(resolve_plan(options_, environments::Environ::from_process(), user_strategy_,
                                         accelerators::cuda_device_count(), accelerators::probe_cuda_device,
                                         user_environment_));
-  if (plan_->precision.scales_loss()) scaler_ = std::make_unique<GradScaler>();
+  if (plan_->precision.scales_loss()) {
+    LOCKSTEP_CHECK(!plan_->strategy->shards_state(), UsageError, "--precision ", plan_->precision.name(),
+                   " scales the loss, and its check for inf gradients would see only this rank's shard under "
+                   "--strategy ", plan_->strategy->name(), ". Use --precision bf16-mixed or 32-true with it.");
+    scaler_ = std::make_unique<GradScaler>();
+  }
 }
 
 const ExecutionPlan& Fabric::launched(const char* call) const {
@@ -104,6 +109,7 @@ FabricOptimizer Fabric::setup_optimizers(std::shared_ptr<torch::optim::Optimizer
   launched("setup");
   LOCKSTEP_CHECK(optimizer, UsageError, "Fabric::setup: the optimizer is null; pass the one made on the module's "
                  "parameters, e.g. std::make_shared<torch::optim::SGD>(net->parameters(), 0.1).");
+  strategy().check_optimizer(*optimizer);
   FabricOptimizer wrapped(std::move(optimizer), scaler_.get());
   if (scaler_) scaler_->watch(wrapped.parameters());
   return wrapped;
@@ -134,11 +140,8 @@ torch::Tensor Fabric::clip_gradients(FabricOptimizer& optimizer, double max_norm
   optimizer.unscale();
   const auto params = optimizer.parameters();
   if (error_if_nonfinite) {
-    std::vector<torch::Tensor> norms;
-    for (const auto& p : params) {
-      if (p.grad().defined()) norms.push_back(p.grad().detach().norm(norm_type).to(torch::kFloat64).cpu());
-    }
-    const double total = norms.empty() ? 0.0 : torch::stack(norms).norm(norm_type).item<double>();
+    // The norm over every rank's gradients (an infinite max_norm clips nothing).
+    const double total = strategy().clip_grad_norm(params, INFINITY, norm_type);
     if (!std::isfinite(total)) {
       throw Error(ErrorKind::training,
                   detail::concat("Fabric::clip_gradients: the total norm of the gradients (order ", norm_type, ") is ",
@@ -147,7 +150,7 @@ torch::Tensor Fabric::clip_gradients(FabricOptimizer& optimizer, double max_norm
                                  "to clip anyway."));
     }
   }
-  return torch::tensor(torch::nn::utils::clip_grad_norm_(params, max_norm, norm_type));
+  return torch::tensor(strategy().clip_grad_norm(params, max_norm, norm_type));
 }
 
 void Fabric::clip_gradients_value(FabricOptimizer& optimizer, double clip_val) {
@@ -274,11 +277,12 @@ void Fabric::save(const std::string& path, const FabricState& state, const SaveF
     LOCKSTEP_CHECK(it != state.end() && it->second.module(), UsageError, "Fabric::save: the filter for '", key,
                    "' needs a module under that key in the state; filters apply to modules' state_dicts.");
   }
-  if (strategy().is_global_zero()) {
+  // A sharded strategy gathers the state from every rank; rank 0 writes it.
+  if (strategy().shards_state() || strategy().is_global_zero()) {
     auto ckpt = checkpoint::make_checkpoint();
     for (const auto& [key, entry] : state) {
       if (entry.module()) {
-        auto tensors = checkpoint::state_dict(*entry.module());
+        auto tensors = strategy().module_state_dict(*entry.module());
         auto keep = filter.find(key);
         c10::Dict<std::string, torch::Tensor> kept;
         for (const auto& item : tensors) {
@@ -286,27 +290,28 @@ void Fabric::save(const std::string& path, const FabricState& state, const SaveF
         }
         ckpt.insert(key, kept);
       } else if (entry.optimizer()) {
-        ckpt.insert(key, checkpoint::optimizer_state_dict(*entry.optimizer()));
+        ckpt.insert(key, strategy().optimizer_state_dict(*entry.optimizer()));
       } else {
         ckpt.insert(key, entry.value());
       }
     }
-    checkpoint_io_->save(ckpt, path);
+    if (strategy().is_global_zero()) checkpoint_io_->save(ckpt, path);
   }
   strategy().barrier("fabric_save");
 }
 
 namespace {
 
-void restore(const std::string& path, const std::string& key, const c10::IValue& value, StateEntry& entry, bool strict) {
+void restore(strategies::Strategy& strategy, const std::string& path, const std::string& key, const c10::IValue& value,
+             StateEntry& entry, bool strict) {
   if (entry.module()) {
     LOCKSTEP_CHECK(value.isGenericDict(), UsageError, path, ": '", key, "' holds a ", value.tagKind(),
                    ", not a module's state_dict; load it into a value entry instead.");
-    checkpoint::load_state_dict(*entry.module(), value.toGenericDict(), strict);
+    strategy.load_module_state_dict(*entry.module(), value.toGenericDict(), strict);
   } else if (entry.optimizer()) {
     LOCKSTEP_CHECK(value.isGenericDict(), UsageError, path, ": '", key, "' holds a ", value.tagKind(),
                    ", not an optimizer's state; load it into a value entry instead.");
-    checkpoint::load_optimizer_state_dict(*entry.optimizer(), value.toGenericDict());
+    strategy.load_optimizer_state_dict(*entry.optimizer(), value.toGenericDict());
   } else {
     entry.set_value(value);
   }
@@ -323,7 +328,7 @@ c10::impl::GenericDict Fabric::load(const std::string& path, FabricState& state,
   }
   for (auto& [key, entry] : state) {
     if (!ckpt.contains(key)) continue;  // only without strict
-    restore(path, key, ckpt.at(key), entry, strict);
+    restore(strategy(), path, key, ckpt.at(key), entry, strict);
     (void)ckpt.erase(key);
   }
   return ckpt;
@@ -338,7 +343,7 @@ void Fabric::load_raw(const std::string& path, const StateEntry& target, bool st
   LOCKSTEP_CHECK(target.module() || target.optimizer(), UsageError, "Fabric::load_raw(\"", path, "\"): the target ",
                  "is a value; load_raw restores a module or an optimizer. Use load(path) for the whole file.");
   StateEntry entry = target;
-  restore(path, "the file", c10::IValue(load(path)), entry, strict);
+  restore(strategy(), path, "the file", c10::IValue(load(path)), entry, strict);
 }
 
 void Fabric::seed_everything(uint64_t seed) { lockstep::seed_everything(seed); }

@@ -1,5 +1,9 @@
 #include <lockstep/strategies/strategy.h>
 
+#include <torch/nn/utils/clip_grad.h>
+
+#include <lockstep/checkpoint/optimizer_state.h>
+#include <lockstep/checkpoint/state_dict.h>
 #include <lockstep/core/training_module.h>
 #include <lockstep/data/data_loader.h>
 #include <lockstep/data/sampler.h>
@@ -9,6 +13,26 @@ namespace strategies {
 
 torch::Tensor Strategy::training_step(TrainingModule& module, Batch& batch, int64_t batch_idx) {
   return module.training_step(batch, batch_idx);
+}
+
+double Strategy::clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm, double norm_type) {
+  return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
+}
+
+c10::Dict<std::string, torch::Tensor> Strategy::module_state_dict(const torch::nn::Module& module) {
+  return checkpoint::state_dict(module);
+}
+
+void Strategy::load_module_state_dict(torch::nn::Module& module, const c10::impl::GenericDict& state, bool strict) {
+  checkpoint::load_state_dict(module, state, strict);
+}
+
+c10::impl::GenericDict Strategy::optimizer_state_dict(const torch::optim::Optimizer& optimizer) {
+  return checkpoint::optimizer_state_dict(optimizer);
+}
+
+void Strategy::load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::impl::GenericDict& state) {
+  checkpoint::load_optimizer_state_dict(optimizer, state);
 }
 
 void add_distributed_sampler(const Strategy& strategy, DataLoader& loader, bool shuffle) {

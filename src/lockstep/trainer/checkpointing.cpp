@@ -52,9 +52,9 @@ c10::IValue rng_state() {
 
 c10::impl::GenericDict Trainer::checkpoint_state() const {
   auto ckpt = checkpoint::make_checkpoint();
-  ckpt.insert("state_dict", checkpoint::state_dict(*module_));
+  ckpt.insert("state_dict", plan_.strategy->module_state_dict(*module_));
   c10::impl::GenericList optimizers(c10::AnyType::get());
-  for (const auto& o : optimizer_config_.optimizers) optimizers.push_back(checkpoint::optimizer_state_dict(*o));
+  for (const auto& o : optimizer_config_.optimizers) optimizers.push_back(plan_.strategy->optimizer_state_dict(*o));
   ckpt.insert("optimizer_states", optimizers);
   c10::impl::GenericDict schedulers(c10::StringType::get(), c10::AnyType::get());
   schedulers.insert("epoch_steps", scheduler_epoch_steps_);
@@ -83,7 +83,11 @@ c10::impl::GenericDict Trainer::checkpoint_state() const {
 
 void Trainer::save_checkpoint(const std::string& path) {
   auto timed = profile("save_checkpoint");
-  if (plan_.strategy->is_global_zero()) checkpoint_io_->save(checkpoint_state(), path);
+  // A sharded strategy gathers the state from every rank; rank 0 writes it.
+  if (plan_.strategy->shards_state() || plan_.strategy->is_global_zero()) {
+    const auto state = checkpoint_state();
+    if (plan_.strategy->is_global_zero()) checkpoint_io_->save(state, path);
+  }
   plan_.strategy->barrier("save_checkpoint");
 }
 
@@ -166,7 +170,7 @@ bool Trainer::restore(const std::string& ckpt_path) {
     }
   };
   reading("state_dict", "a dict of parameter and buffer names to tensors",
-          [&] { checkpoint::load_state_dict(*module_, ckpt.at("state_dict").toGenericDict()); });
+          [&] { plan_.strategy->load_module_state_dict(*module_, ckpt.at("state_dict").toGenericDict()); });
   c10::impl::GenericList optimizers(c10::AnyType::get());
   reading("optimizer_states", "a list of optimizer state dicts", [&] { optimizers = ckpt.at("optimizer_states").toList(); });
   if (optimizers.size() != optimizer_config_.optimizers.size()) {
@@ -189,7 +193,7 @@ bool Trainer::restore(const std::string& ckpt_path) {
   }
   reading("optimizer_states", "a list of optimizer state dicts", [&] {
     for (size_t i = 0; i < optimizers.size(); ++i) {
-      checkpoint::load_optimizer_state_dict(*optimizer_config_.optimizers[i], optimizers.get(i).toGenericDict());
+      plan_.strategy->load_optimizer_state_dict(*optimizer_config_.optimizers[i], optimizers.get(i).toGenericDict());
     }
   });
   reading("loops", "a dict with the integer next_epoch (and next_batch)", [&] {

@@ -47,7 +47,7 @@ void Trainer::optimizer_step() {
     if (options_.gradient_clip_algorithm() == "value") {
       torch::nn::utils::clip_grad_value_(params, options_.gradient_clip_val());
     } else {
-      torch::nn::utils::clip_grad_norm_(params, options_.gradient_clip_val());
+      plan_.strategy->clip_grad_norm(params, options_.gradient_clip_val(), 2.0);
     }
   }
   each_callback("on_before_optimizer_step", [&](Callback& c) { c.on_before_optimizer_step(*this, *module_); });

@@ -188,12 +188,16 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
     throw UsageError("configure_optimizers returned no optimizer; return one, e.g. "
                      "std::make_shared<torch::optim::Adam>(parameters(), 1e-3).");
   }
+  for (const auto& optimizer : optimizer_config_.optimizers) plan_.strategy->check_optimizer(*optimizer);
   scaler_.reset();
   if (plan_.precision.scales_loss()) {
     // Manual optimization would need the scaler in the user's own loop (Fabric's territory).
     LOCKSTEP_CHECK(module_->automatic_optimization(), UsageError, "--precision ", plan_.precision.name(),
                    " scales the loss in the Trainer's own optimizer step, and this module optimizes manually. "
                    "Use --precision bf16-mixed or 32-true, or automatic optimization.");
+    LOCKSTEP_CHECK(!plan_.strategy->shards_state(), UsageError, "--precision ", plan_.precision.name(),
+                   " scales the loss, and its check for inf gradients would see only this rank's shard under "
+                   "--strategy ", plan_.strategy->name(), ". Use --precision bf16-mixed or 32-true with it.");
     scaler_.emplace();
   }
 }

@@ -1,0 +1,169 @@
+#pragma once
+/// FullyShardedDataParallel: sharded data-parallel training of a LibTorch module (PyTorch's FSDP
+/// and ZeroRedundancyOptimizer in one engine): each rank keeps a 1/N shard of the parameters,
+/// gradients and optimizer state, as ShardingOptions::sharding_strategy says.
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <lockstep/distributed/process_group.h>
+#include <lockstep/distributed/sharding/flat_layout.h>
+#include <lockstep/distributed/sharding/shard_transport.h>
+#include <lockstep/distributed/sharding/sharding_options.h>
+
+namespace torch {
+namespace autograd {
+struct Node;
+}  // namespace autograd
+}  // namespace torch
+
+namespace lockstep {
+namespace distributed {
+
+/// The module-type-independent part of FullyShardedDataParallel.
+///
+/// The parameters keep their identity: an optimizer made from `parameters()` after wrapping
+/// steps them as usual. Between a backward and the next forward each parameter holds only this
+/// rank's piece of its flattened elements (a 1-D tensor, possibly empty), and its gradient the
+/// matching piece of the mean over the ranks, so the optimizer's state is a shard too. That is
+/// right for every optimizer that steps element by element (SGD, Adam, AdamW, Adagrad, RMSprop);
+/// not for LBFGS, which needs whole gradients (the strategies refuse it). After destruction the
+/// parameters still hold this rank's pieces: take full_state_dict() first to keep them whole.
+class FullyShardedDataParallelBase {
+ public:
+  /// Checks that every rank holds the same parameters, broadcasts rank 0's parameters and
+  /// buffers, splits the module into units (ShardingOptions::auto_wrap_min_params) and shards
+  /// them. A collective; `group` must outlive this object.
+  FullyShardedDataParallelBase(std::shared_ptr<torch::nn::Module> module, ProcessGroup& group,
+                               ShardingOptions options);
+  virtual ~FullyShardedDataParallelBase();
+  FullyShardedDataParallelBase(const FullyShardedDataParallelBase&) = delete;
+  FullyShardedDataParallelBase& operator=(const FullyShardedDataParallelBase&) = delete;
+
+  /// Before the module's forward (forward() calls it): gathers the parameters the forward
+  /// needs (the root unit; all units with SHARD_GRAD_OP and ZeRO-1), and in a training forward
+  /// sets the gradients aside, so that the next backward reduces into them (they accumulate
+  /// until the optimizer zeroes them, as in one process).
+  void prepare_forward();
+
+  /// The total norm of the gradients over all ranks (as torch::nn::utils::clip_grad_norm_ of the
+  /// whole model), scaling them down so that it is at most `max_norm`. A collective; call it
+  /// between backward and the optimizer step. Returns the norm before clipping.
+  double clip_grad_norm(double max_norm, double norm_type = 2.0);
+
+  /// Every parameter and buffer by name, whole, on every rank (a collective): for checkpoints and
+  /// for comparing with an unsharded run.
+  std::vector<std::pair<std::string, at::Tensor>> full_state_dict();
+
+  /// Whole tensors from pieces laid out like the parameters' (a collective): `pieces[k]` is this
+  /// rank's piece of a tensor shaped like parameter k of parameters(), such as Adam's exp_avg;
+  /// returns the whole tensors, shaped like the parameters. For optimizer state in checkpoints.
+  std::vector<at::Tensor> gather_pieces(const std::vector<at::Tensor>& pieces);
+  /// This rank's piece of `whole`, a tensor shaped like `parameter` (one of parameters()), such
+  /// as a checkpoint's exp_avg for it; `whole` itself for a parameter that is not sharded.
+  at::Tensor piece_of(const at::Tensor& parameter, const at::Tensor& whole) const;
+  /// Loads whole parameters (by name, as full_state_dict() gives them) into this rank's shards,
+  /// and buffers as they are. Throws UsageError naming a size that differs, and with `strict` a
+  /// name the state lacks (without it, those keep their values).
+  void load_full_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& state, bool strict = true);
+
+  /// The wrapped module, type-erased.
+  const std::shared_ptr<torch::nn::Module>& base_module() const { return module_; }
+  /// The module's parameters (for the optimizer).
+  std::vector<at::Tensor> parameters() const { return module_->parameters(); }
+  ProcessGroup& group() const { return group_; }
+  const ShardingOptions& options() const { return options_; }
+  /// How many units the module was split into (1: only the root).
+  size_t unit_count() const { return units_.size(); }
+  /// The layout of unit `index` (0 is the root).
+  const FlatLayout& layout(size_t index) const;
+
+  /// For the unit wrappers (detail): around a child unit's forward.
+  void before_unit_forward(size_t unit);
+  void after_unit_forward(size_t unit, const at::Tensor& output);
+
+ private:
+  struct Unit;
+  void build_units();
+  void shard(Unit& unit);
+  void gather(Unit& unit);
+  void reshard(Unit& unit);
+  void set_gradients_aside();
+  void on_gradient(size_t parameter);
+  void reduce_ready_units();
+  void reduce(Unit& unit);
+  void finish_backward();
+  [[noreturn]] void fail(const std::string& message);
+
+  std::shared_ptr<torch::nn::Module> module_;
+  ProcessGroup& group_;
+  ShardingOptions options_;
+  std::shared_ptr<ShardTransport> transport_;
+  std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<std::pair<size_t, size_t>> where_;  // parameter -> (unit, index in unit)
+  /// Where each of parameters() is: (unit, index in unit), or unit SIZE_MAX for one not sharded.
+  std::vector<std::pair<size_t, size_t>> located(const std::vector<at::Tensor>& parameters) const;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<uintptr_t> hook_keys_;
+  std::vector<size_t> reduce_order_;  // units in the order their gradients are reduced
+  size_t next_reduced_ = 0;
+  bool in_backward_ = false;
+  bool gradients_set_aside_ = false;
+  std::string error_;  // a failure inside backward, rethrown by the next call
+};
+
+/// Sharded data-parallel training of a module of type `ModuleType` (the Impl class, or
+/// torch::nn::Module). forward() runs the module's own forward; backward and the optimizer step
+/// stay as in one process:
+///
+///   auto net = std::make_shared<NetImpl>();
+///   FullyShardedDataParallel fsdp(net, *group, ShardingOptions().auto_wrap_min_params(100000));
+///   torch::optim::Adam opt(fsdp.parameters(), 1e-3);  // after wrapping: shards
+///   auto loss = torch::mse_loss(fsdp.forward(x), y);
+///   opt.zero_grad();
+///   loss.backward();  // gradients reduce-scattered, unit by unit
+///   fsdp.clip_grad_norm(1.0);  // optional
+///   opt.step();       // each rank steps its shard
+///
+/// Every rank must construct it and run the same forwards and backwards, in the same order.
+template <typename ModuleType>
+class FullyShardedDataParallel : public FullyShardedDataParallelBase {
+ public:
+  FullyShardedDataParallel(std::shared_ptr<ModuleType> module, ProcessGroup& group, ShardingOptions options = {})
+      : FullyShardedDataParallelBase(module, group, std::move(options)), typed_(std::move(module)) {}
+  FullyShardedDataParallel(const torch::nn::ModuleHolder<ModuleType>& module, ProcessGroup& group,
+                           ShardingOptions options = {})
+      : FullyShardedDataParallel(module.ptr(), group, std::move(options)) {}
+
+  template <typename... Args>
+  auto forward(Args&&... args) -> decltype(std::declval<ModuleType&>().forward(std::forward<Args>(args)...)) {
+    prepare_forward();
+    return typed_->forward(std::forward<Args>(args)...);
+  }
+  template <typename... Args>
+  auto operator()(Args&&... args) -> decltype(std::declval<ModuleType&>().forward(std::forward<Args>(args)...)) {
+    return forward(std::forward<Args>(args)...);
+  }
+
+  const std::shared_ptr<ModuleType>& module() const { return typed_; }
+
+ private:
+  std::shared_ptr<ModuleType> typed_;
+};
+
+template <typename ModuleType>
+FullyShardedDataParallel(std::shared_ptr<ModuleType>, ProcessGroup&, ShardingOptions = {})
+    -> FullyShardedDataParallel<ModuleType>;
+template <typename ModuleType>
+FullyShardedDataParallel(torch::nn::ModuleHolder<ModuleType>, ProcessGroup&, ShardingOptions = {})
+    -> FullyShardedDataParallel<ModuleType>;
+
+}  // namespace distributed
+}  // namespace lockstep

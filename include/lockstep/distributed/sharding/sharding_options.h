@@ -1,0 +1,52 @@
+#pragma once
+/// Options for FullyShardedDataParallel.
+
+#include <cstdint>
+#include <string>
+
+#include <torch/arg.h>
+
+namespace lockstep {
+namespace distributed {
+
+/// What each rank keeps whole and what it keeps a 1/N shard of (ZeRO, Rajbhandari et al. 2020;
+/// the names are PyTorch FSDP's and Lightning's FSDPStrategy's, plus ZeRO-1).
+enum class ShardingStrategy {
+  /// Nothing sharded: gradients all-reduced, every rank steps everything (DDP, for comparison).
+  no_shard,
+  /// ZeRO-1: gradients all-reduced and kept whole; each rank steps and keeps optimizer state for
+  /// its shard only; parameters all-gathered before the next forward.
+  shard_optimizer_state,
+  /// ZeRO-2: gradients reduce-scattered, each rank keeping its shard; parameters whole between
+  /// forward and backward, all-gathered after the step.
+  shard_grad_op,
+  /// ZeRO-3: parameters sharded at rest as well, all-gathered unit by unit before its forward and
+  /// again before its backward, and freed after each.
+  full_shard,
+};
+
+/// "NO_SHARD", "SHARD_OPTIMIZER_STATE", "SHARD_GRAD_OP", "FULL_SHARD" (case-insensitive);
+/// anything else throws UsageError listing them.
+ShardingStrategy parse_sharding_strategy(const std::string& name);
+std::string to_string(ShardingStrategy strategy);
+
+/// How FullyShardedDataParallel shards a module.
+///
+///   FullyShardedDataParallel fsdp(net, *group, ShardingOptions().auto_wrap_min_params(1'000'000));
+struct ShardingOptions {
+  /// Default: full_shard, as PyTorch's FSDP and Lightning's FSDPStrategy.
+  TORCH_ARG(ShardingStrategy, sharding_strategy) = ShardingStrategy::full_shard;
+  /// Units (the auto-wrap policy, by size): every child of a torch::nn::Sequential, anywhere in
+  /// the module, with at least this many parameters becomes a unit of its own, gathered only
+  /// around its own forward and backward (it must take and return one tensor); the rest of the
+  /// module is the root unit. 0: the whole module is one unit. Default: 0, as Lightning's
+  /// FSDPStrategy without an auto_wrap_policy.
+  TORCH_ARG(int64_t, auto_wrap_min_params) = 0;
+  /// Reduce-scatter and all-gather in memory shared by the ranks of one host (CPU float32 and
+  /// float64 parameters, more than one rank), as DDPOptions::shared_memory; otherwise through
+  /// the process group. LOCKSTEP_DDP_SHARED_MEMORY=0 turns it off too. Default: true.
+  TORCH_ARG(bool, shared_memory) = true;
+};
+
+}  // namespace distributed
+}  // namespace lockstep

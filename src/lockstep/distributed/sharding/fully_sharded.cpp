@@ -1,0 +1,581 @@
+#include <lockstep/distributed/sharding/fully_sharded.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <limits>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <c10/core/StorageImpl.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/torch.h>
+
+#include <lockstep/core/error.h>
+#include <lockstep/distributed/collectives.h>
+#include <lockstep/distributed/module_state.h>
+
+namespace lockstep {
+namespace distributed {
+namespace {
+
+// `sizes` elements of `buffer` from `offset` on, sharing its storage but not an autograd view of
+// it: optimizers may detach_() and zero_() it, and it follows the storage when that is freed and
+// allocated again.
+at::Tensor alias(const at::Tensor& buffer, int64_t offset, at::IntArrayRef sizes) {
+  torch::NoGradGuard no_grad;
+  auto slice = at::empty({0}, buffer.options());
+  slice.set_(buffer.storage(), buffer.storage_offset() + offset, sizes);
+  return slice;
+}
+
+bool is_alias_of(const at::Tensor& tensor, const at::Tensor& of) {
+  return tensor.defined() && tensor.storage().unsafeGetStorageImpl() == of.storage().unsafeGetStorageImpl() &&
+         tensor.storage_offset() == of.storage_offset() && tensor.sizes() == of.sizes();
+}
+
+// FULL_SHARD frees a unit's whole parameters by giving their storage zero bytes, and gathers into
+// the same storage again, so that the tensors that forward saved for backward see the gathered
+// values (PyTorch's FSDP does the same).
+void free_storage(const at::Tensor& tensor) {
+  auto* storage = tensor.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, tensor.device()));
+  storage->set_nbytes(0);
+}
+
+void allocate_storage(const at::Tensor& tensor) {
+  auto* storage = tensor.storage().unsafeGetStorageImpl();
+  const size_t bytes = static_cast<size_t>(tensor.numel()) * tensor.element_size();
+  if (storage->nbytes() == bytes) return;
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+
+int64_t parameter_count(torch::nn::Module& module) {
+  int64_t count = 0;
+  for (const auto& p : module.parameters()) count += p.numel();
+  return count;
+}
+
+// Runs a child unit's forward between the engine's gather and reshard: it takes the place of the
+// child in its Sequential (the child itself stays registered, so names do not change).
+class UnitForward : public torch::nn::Module {
+ public:
+  UnitForward(FullyShardedDataParallelBase* engine, size_t unit, torch::nn::AnyModule inner)
+      : engine_(engine), unit_(unit), inner_(std::move(inner)) {}
+  at::Tensor forward(at::Tensor input) {
+    engine_->before_unit_forward(unit_);
+    auto output = inner_.forward(input);
+    engine_->after_unit_forward(unit_, output);
+    return output;
+  }
+  const torch::nn::AnyModule& inner() const { return inner_; }
+
+ private:
+  FullyShardedDataParallelBase* engine_;
+  size_t unit_;
+  torch::nn::AnyModule inner_;
+};
+
+// A child of a Sequential that becomes a unit.
+struct ChildUnit {
+  std::string name;  // its path in the module: "layers.3"
+  torch::nn::SequentialImpl* parent;
+  size_t index;
+};
+
+void find_child_units(torch::nn::Module& module, const std::string& prefix, int64_t min_params,
+                      std::vector<ChildUnit>& found) {
+  const auto children = module.named_children();
+  if (auto* sequential = dynamic_cast<torch::nn::SequentialImpl*>(&module)) {
+    for (size_t i = 0; i < children.size(); ++i) {
+      auto& child = *children[i].value();
+      if (parameter_count(child) >= min_params) {
+        found.push_back({prefix + children[i].key(), sequential, i});
+      } else {
+        find_child_units(child, prefix + children[i].key() + ".", min_params, found);
+      }
+    }
+    return;
+  }
+  for (const auto& child : children) find_child_units(*child.value(), prefix + child.key() + ".", min_params, found);
+}
+
+}  // namespace
+
+ShardingStrategy parse_sharding_strategy(const std::string& name) {
+  std::string upper = name;
+  std::transform(upper.begin(), upper.end(), upper.begin(), [](unsigned char c) { return std::toupper(c); });
+  for (auto s : {ShardingStrategy::no_shard, ShardingStrategy::shard_optimizer_state, ShardingStrategy::shard_grad_op,
+                 ShardingStrategy::full_shard}) {
+    if (to_string(s) == upper) return s;
+  }
+  throw UsageError("unknown sharding strategy '" + name +
+                   "'; use FULL_SHARD, SHARD_GRAD_OP, SHARD_OPTIMIZER_STATE (ZeRO-1) or NO_SHARD.");
+}
+
+std::string to_string(ShardingStrategy strategy) {
+  switch (strategy) {
+    case ShardingStrategy::no_shard: return "NO_SHARD";
+    case ShardingStrategy::shard_optimizer_state: return "SHARD_OPTIMIZER_STATE";
+    case ShardingStrategy::shard_grad_op: return "SHARD_GRAD_OP";
+    case ShardingStrategy::full_shard: return "FULL_SHARD";
+  }
+  return "?";
+}
+
+struct FullyShardedDataParallelBase::Unit {
+  std::string name;  // "" for the root
+  std::vector<at::Tensor> params;
+  std::vector<std::string> names;
+  FlatLayout layout;
+  at::Tensor full;     // every rank's shard together: the whole parameters, padded
+  at::Tensor shard;    // this rank's part: an alias into `full`, or its own memory with FULL_SHARD
+  at::Tensor reduced;  // the gradients this rank keeps: whole (NO_SHARD, ZeRO-1) or its shard
+  std::vector<at::Tensor> whole;   // parameter i shaped, in `full`
+  std::vector<at::Tensor> pieces;  // parameter i's piece, in `shard`
+  std::vector<at::Tensor> grads;   // parameter i's kept gradient (whole or piece), in `reduced`
+  std::vector<bool> arrived;       // parameter i got its gradient in this backward
+  size_t pending = 0;
+  bool gathered = true;  // `full` holds the current parameters
+  bool showing_whole = true;
+  // Where the unit was a child of a Sequential: its entry there, restored on destruction.
+  torch::nn::SequentialImpl* parent = nullptr;
+  size_t index_in_parent = 0;
+  torch::nn::AnyModule original;
+};
+
+FullyShardedDataParallelBase::FullyShardedDataParallelBase(std::shared_ptr<torch::nn::Module> module,
+                                                           ProcessGroup& group, ShardingOptions options)
+    : module_(std::move(module)), group_(group), options_(std::move(options)) {
+  if (!module_) throw UsageError("FullyShardedDataParallel: the module is null.");
+  if (options_.auto_wrap_min_params() < 0) {
+    throw UsageError("ShardingOptions: auto_wrap_min_params must be 0 (one unit) or more (given " +
+                     std::to_string(options_.auto_wrap_min_params()) + ").");
+  }
+  verify_same_parameters(*module_, group_, "FullyShardedDataParallel");
+  std::vector<at::Tensor> state;
+  for (const auto& p : module_->parameters()) state.push_back(p);
+  for (const auto& b : module_->buffers()) {
+    if (b.defined()) state.push_back(b);
+  }
+  broadcast_tensors(group_, state, "FSDP parameters and buffers");
+  transport_ = c10d_shard_transport(group_);
+  build_units();
+}
+
+FullyShardedDataParallelBase::~FullyShardedDataParallelBase() {
+  for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
+  for (auto& unit : units_) {
+    if (unit->parent) *(unit->parent->begin() + static_cast<std::ptrdiff_t>(unit->index_in_parent)) = unit->original;
+  }
+}
+
+const FlatLayout& FullyShardedDataParallelBase::layout(size_t index) const { return units_.at(index)->layout; }
+
+void FullyShardedDataParallelBase::build_units() {
+  std::vector<ChildUnit> children;
+  if (options_.auto_wrap_min_params() > 0) find_child_units(*module_, "", options_.auto_wrap_min_params(), children);
+  // Unit 0 is the root: every parameter that requires grad and is in no child unit.
+  std::unordered_map<const void*, size_t> unit_of;
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> members(children.size() + 1);
+  for (size_t c = 0; c < children.size(); ++c) {
+    auto child = children[c].parent->ptr(children[c].index);
+    for (const auto& item : child->named_parameters()) {
+      if (!item.value().requires_grad() || !unit_of.emplace(item.value().unsafeGetTensorImpl(), c + 1).second) continue;
+      members[c + 1].push_back({children[c].name + "." + item.key(), item.value()});
+    }
+  }
+  for (const auto& item : module_->named_parameters()) {
+    if (!item.value().requires_grad()) continue;
+    const auto found = unit_of.find(item.value().unsafeGetTensorImpl());
+    if (found == unit_of.end()) {
+      unit_of.emplace(item.value().unsafeGetTensorImpl(), 0);
+      members[0].push_back({item.key(), item.value()});
+    } else if (found->second != 0 && item.key().rfind(children[found->second - 1].name + ".", 0) != 0) {
+      throw UsageError("FullyShardedDataParallel: parameter '" + item.key() + "' is shared with unit '" +
+                       children[found->second - 1].name +
+                       "', which gathers it only around its own forward. Raise auto_wrap_min_params so that "
+                       "both users are in one unit, or do not share the parameter.");
+    }
+  }
+
+  const int rank = group_.rank();
+  const bool sharded = options_.sharding_strategy() != ShardingStrategy::no_shard;
+  const bool whole_grads = options_.sharding_strategy() == ShardingStrategy::no_shard ||
+                           options_.sharding_strategy() == ShardingStrategy::shard_optimizer_state;
+  torch::NoGradGuard no_grad;
+  for (size_t u = 0; u < members.size(); ++u) {
+    auto unit = std::make_unique<Unit>();
+    unit->name = u == 0 ? "" : children[u - 1].name;
+    for (auto& member : members[u]) {
+      unit->names.push_back(member.first);
+      unit->params.push_back(member.second);
+    }
+    unit->layout = FlatLayout::of(unit->params, group_.world_size());
+    const auto& layout = unit->layout;
+    const auto options = unit->params.empty() ? at::TensorOptions(at::kFloat) : unit->params.front().options();
+    unit->full = at::zeros({layout.padded_numel()}, options);
+    for (size_t i = 0; i < unit->params.size(); ++i) {
+      unit->full.narrow(0, layout.offsets[i], layout.numels[i]).copy_(unit->params[i].reshape({-1}));
+    }
+    const int64_t mine = rank * layout.shard_numel;
+    unit->shard = options_.sharding_strategy() == ShardingStrategy::full_shard
+                      ? unit->full.narrow(0, mine, layout.shard_numel).clone()
+                      : alias(unit->full, mine, {layout.shard_numel});
+    unit->reduced = at::zeros({whole_grads ? layout.padded_numel() : layout.shard_numel}, options);
+    for (size_t i = 0; i < unit->params.size(); ++i) {
+      auto& p = unit->params[i];
+      const auto piece = layout.piece(i, rank);
+      unit->whole.push_back(alias(unit->full, layout.offsets[i], p.sizes()));
+      unit->pieces.push_back(alias(unit->shard, piece.shard_offset, {piece.numel}));
+      if (!sharded) {
+        unit->grads.push_back(alias(unit->reduced, layout.offsets[i], p.sizes()));
+      } else {
+        unit->grads.push_back(alias(unit->reduced, (whole_grads ? mine : 0) + piece.shard_offset, {piece.numel}));
+      }
+      // The accumulator is made while the parameter has its whole shape, and held, so that every
+      // backward's gradients are checked against that shape.
+      where_.push_back({u, i});
+      const size_t index = where_.size() - 1;
+      auto accumulator = torch::autograd::impl::grad_accumulator(p);
+      hook_keys_.push_back(accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [this, index](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+            on_gradient(index);
+            return outputs;
+          })));
+      accumulators_.push_back(std::move(accumulator));
+      p.set_data(unit->whole[i]);
+      p.mutable_grad() = at::Tensor();
+    }
+    unit->arrived.assign(unit->params.size(), false);
+    if (u > 0) {
+      auto& child = children[u - 1];
+      unit->parent = child.parent;
+      unit->index_in_parent = child.index;
+      auto entry = child.parent->begin() + static_cast<std::ptrdiff_t>(child.index);
+      unit->original = *entry;
+      *entry = torch::nn::AnyModule(std::make_shared<UnitForward>(this, u, unit->original));
+    }
+    units_.push_back(std::move(unit));
+    reshard(*units_.back());
+  }
+  // Gradients arrive from the last layers first: child units in reverse order, the root last.
+  for (size_t u = units_.size(); u-- > 1;) reduce_order_.push_back(u);
+  reduce_order_.push_back(0);
+}
+
+void FullyShardedDataParallelBase::gather(Unit& unit) {
+  if (!unit.gathered) {
+    torch::NoGradGuard no_grad;
+    allocate_storage(unit.full);
+    transport_->all_gather(unit.shard, unit.full, "all_gather of unit '" + unit.name + "''s parameters");
+    unit.gathered = true;
+  }
+  if (!unit.showing_whole) {
+    for (size_t i = 0; i < unit.params.size(); ++i) unit.params[i].set_data(unit.whole[i]);
+    unit.showing_whole = true;
+  }
+}
+
+void FullyShardedDataParallelBase::reshard(Unit& unit) {
+  if (options_.sharding_strategy() == ShardingStrategy::no_shard) return;
+  if (unit.showing_whole) {
+    for (size_t i = 0; i < unit.params.size(); ++i) unit.params[i].set_data(unit.pieces[i]);
+    unit.showing_whole = false;
+  }
+  if (options_.sharding_strategy() == ShardingStrategy::full_shard && unit.gathered) {
+    free_storage(unit.full);
+    unit.gathered = false;
+  }
+}
+
+void FullyShardedDataParallelBase::prepare_forward() {
+  if (!error_.empty()) throw DistributedError(error_);
+  const bool training = torch::GradMode::is_enabled() && module_->is_training();
+  if (training && !gradients_set_aside_) set_gradients_aside();
+  if (options_.sharding_strategy() == ShardingStrategy::full_shard) {
+    gather(*units_.front());
+  } else {
+    for (auto& unit : units_) gather(*unit);
+  }
+}
+
+void FullyShardedDataParallelBase::set_gradients_aside() {
+  torch::NoGradGuard no_grad;
+  const bool zero1 = options_.sharding_strategy() == ShardingStrategy::shard_optimizer_state;
+  for (auto& unit : units_) {
+    if (zero1) {
+      // Only this rank's part of the whole gradients is kept from one step to the next.
+      const int64_t mine = group_.rank() * unit->layout.shard_numel;
+      unit->reduced.narrow(0, 0, mine).zero_();
+      unit->reduced.narrow(0, mine + unit->layout.shard_numel, unit->reduced.numel() - mine - unit->layout.shard_numel)
+          .zero_();
+    }
+    for (size_t i = 0; i < unit->params.size(); ++i) {
+      auto& grad = unit->params[i].mutable_grad();
+      if (!grad.defined()) {
+        unit->grads[i].zero_();
+      } else if (!is_alias_of(grad, unit->grads[i])) {
+        if (grad.numel() != unit->grads[i].numel()) {
+          fail(group_.describe() + ": FullyShardedDataParallel: parameter '" + unit->names[i] + "' has a gradient of " +
+               std::to_string(grad.numel()) + " elements where its shard has " +
+               std::to_string(unit->grads[i].numel()) + "; set gradients only through backward.");
+        }
+        unit->grads[i].copy_(grad.reshape(unit->grads[i].sizes()));
+      }
+      grad = at::Tensor();
+      unit->arrived[i] = false;
+    }
+    unit->pending = unit->params.size();
+  }
+  next_reduced_ = 0;
+  gradients_set_aside_ = true;
+}
+
+void FullyShardedDataParallelBase::on_gradient(size_t parameter) {
+  const auto [u, i] = where_[parameter];
+  auto& unit = *units_[u];
+  if (!gradients_set_aside_) {
+    fail(group_.describe() + ": FullyShardedDataParallel: parameter '" + unit.names[i] +
+         "' received a gradient from a forward that did not go through the wrapper. Call forward() (or "
+         "prepare_forward() before the module's own forward).");
+  }
+  if (unit.arrived[i]) {
+    fail(group_.describe() + ": FullyShardedDataParallel: parameter '" + unit.names[i] +
+         "' received its gradient twice in one backward (a second backward through the same graph). Run one "
+         "backward per forward.");
+  }
+  if (!in_backward_) {
+    in_backward_ = true;
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
+  }
+  unit.arrived[i] = true;
+  if (--unit.pending == 0) reduce_ready_units();
+}
+
+void FullyShardedDataParallelBase::reduce_ready_units() {
+  // In one order on every rank, whatever order the units' gradients complete in.
+  while (next_reduced_ < reduce_order_.size() && units_[reduce_order_[next_reduced_]]->pending == 0) {
+    reduce(*units_[reduce_order_[next_reduced_++]]);
+  }
+}
+
+void FullyShardedDataParallelBase::reduce(Unit& unit) {
+  torch::NoGradGuard no_grad;
+  const auto& layout = unit.layout;
+  auto flat = at::zeros({layout.padded_numel()}, unit.full.options());
+  for (size_t i = 0; i < unit.params.size(); ++i) {
+    auto& grad = unit.params[i].mutable_grad();
+    if (grad.defined()) flat.narrow(0, layout.offsets[i], layout.numels[i]).copy_(grad.reshape({-1}));
+    grad = at::Tensor();  // the whole gradient is not kept
+  }
+  const std::string what = "the gradients of unit '" + unit.name + "'";
+  if (unit.reduced.numel() == flat.numel()) {
+    all_reduce(group_, flat, ReduceOp::mean, CollectiveOptions().tag("FSDP all_reduce of " + what));
+    unit.reduced.add_(flat);
+  } else {
+    auto part = at::empty({layout.shard_numel}, flat.options());
+    transport_->reduce_scatter(flat, part, group_.world_size(), "reduce_scatter of " + what);
+    unit.reduced.add_(part);
+  }
+  if (options_.sharding_strategy() == ShardingStrategy::full_shard) reshard(unit);
+}
+
+void FullyShardedDataParallelBase::finish_backward() {
+  // Units with parameters that got no gradient (not used by this forward) count them as zero.
+  for (auto& unit : units_) unit->pending = 0;
+  reduce_ready_units();
+  for (auto& unit : units_) {
+    reshard(*unit);
+    // With ZeRO-1 and SHARD_GRAD_OP `full` keeps its memory; the step changes the shards, so the
+    // next forward gathers them.
+    if (options_.sharding_strategy() != ShardingStrategy::no_shard) unit->gathered = false;
+    for (size_t i = 0; i < unit->params.size(); ++i) unit->params[i].mutable_grad() = unit->grads[i];
+  }
+  in_backward_ = false;
+  gradients_set_aside_ = false;
+}
+
+void FullyShardedDataParallelBase::before_unit_forward(size_t unit) {
+  if (options_.sharding_strategy() == ShardingStrategy::full_shard) gather(*units_[unit]);
+}
+
+void FullyShardedDataParallelBase::after_unit_forward(size_t unit, const at::Tensor& output) {
+  if (options_.sharding_strategy() != ShardingStrategy::full_shard) return;
+  reshard(*units_[unit]);
+  // Backward reaches this output before anything that used the unit's parameters.
+  if (output.requires_grad()) output.register_hook([this, unit](const at::Tensor&) { gather(*units_[unit]); });
+}
+
+double FullyShardedDataParallelBase::clip_grad_norm(double max_norm, double norm_type) {
+  if (!error_.empty()) throw DistributedError(error_);
+  if (!(max_norm > 0) || !(norm_type > 0)) {
+    throw UsageError("FullyShardedDataParallel::clip_grad_norm: max_norm and norm_type must be positive (given " +
+                     std::to_string(max_norm) + " and " + std::to_string(norm_type) + ").");
+  }
+  torch::NoGradGuard no_grad;
+  const bool infinite = std::isinf(norm_type);
+  const bool replicated = options_.sharding_strategy() == ShardingStrategy::no_shard;
+  // This rank's part of every unit's gradients: each element of the model once over the ranks.
+  std::vector<at::Tensor> parts;
+  for (auto& unit : units_) {
+    const bool whole = unit->reduced.numel() != unit->layout.shard_numel;
+    parts.push_back(whole && !replicated
+                        ? unit->reduced.narrow(0, group_.rank() * unit->layout.shard_numel, unit->layout.shard_numel)
+                        : unit->reduced);
+  }
+  auto local = at::zeros({1}, at::kDouble);
+  for (const auto& part : parts) {
+    if (part.numel() == 0) continue;
+    const auto norm = part.abs().max().to(at::kDouble);
+    local = infinite ? at::maximum(local, norm) : local + part.to(at::kDouble).abs().pow(norm_type).sum();
+  }
+  if (!replicated) {
+    all_reduce(group_, local, infinite ? ReduceOp::max : ReduceOp::sum, CollectiveOptions().tag("FSDP clip_grad_norm"));
+  }
+  const double total = infinite ? local.item<double>() : std::pow(local.item<double>(), 1.0 / norm_type);
+  const double coefficient = max_norm / (total + 1e-6);
+  if (coefficient < 1) {
+    for (auto& part : parts) part.mul_(coefficient);
+  }
+  return total;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallelBase::full_state_dict() {
+  if (!error_.empty()) throw DistributedError(error_);
+  torch::NoGradGuard no_grad;
+  std::unordered_map<const void*, at::Tensor> whole;
+  for (auto& unit : units_) {
+    auto flat = at::empty({unit->layout.padded_numel()}, unit->shard.options());
+    transport_->all_gather(unit->shard, flat, "all_gather of unit '" + unit->name + "''s parameters for a state dict");
+    for (size_t i = 0; i < unit->params.size(); ++i) {
+      whole[unit->params[i].unsafeGetTensorImpl()] =
+          flat.narrow(0, unit->layout.offsets[i], unit->layout.numels[i]).view(unit->layout.shapes[i]).clone();
+    }
+  }
+  std::vector<std::pair<std::string, at::Tensor>> state;
+  for (const auto& item : module_->named_parameters()) {
+    const auto found = whole.find(item.value().unsafeGetTensorImpl());
+    state.push_back({item.key(), found != whole.end() ? found->second : item.value().detach().clone()});
+  }
+  for (const auto& item : module_->named_buffers()) {
+    if (item.value().defined()) state.push_back({item.key(), item.value().detach().clone()});
+  }
+  return state;
+}
+
+std::vector<std::pair<size_t, size_t>> FullyShardedDataParallelBase::located(
+    const std::vector<at::Tensor>& parameters) const {
+  std::unordered_map<const void*, std::pair<size_t, size_t>> where;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    for (size_t i = 0; i < units_[u]->params.size(); ++i) where[units_[u]->params[i].unsafeGetTensorImpl()] = {u, i};
+  }
+  std::vector<std::pair<size_t, size_t>> out;
+  for (const auto& p : parameters) {
+    const auto found = where.find(p.unsafeGetTensorImpl());
+    out.push_back(found != where.end() ? found->second : std::make_pair(SIZE_MAX, size_t{0}));
+  }
+  return out;
+}
+
+std::vector<at::Tensor> FullyShardedDataParallelBase::gather_pieces(const std::vector<at::Tensor>& pieces) {
+  if (!error_.empty()) throw DistributedError(error_);
+  torch::NoGradGuard no_grad;
+  const auto params = parameters();
+  LOCKSTEP_CHECK(pieces.size() == params.size(), UsageError, "FullyShardedDataParallel::gather_pieces: ", pieces.size(),
+                 " pieces for ", params.size(), " parameters.");
+  const auto where = located(params);
+  std::vector<at::Tensor> whole(params.size());
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const auto& unit = *units_[u];
+    auto shard = at::zeros({unit.layout.shard_numel}, unit.shard.options());
+    for (size_t k = 0; k < params.size(); ++k) {
+      if (where[k].first != u) continue;
+      const auto piece = unit.layout.piece(where[k].second, group_.rank());
+      LOCKSTEP_CHECK(pieces[k].numel() == piece.numel, UsageError, "FullyShardedDataParallel::gather_pieces: piece ", k,
+                     " has ", pieces[k].numel(), " elements where this rank's piece of '", unit.names[where[k].second],
+                     "' has ", piece.numel, ".");
+      shard.narrow(0, piece.shard_offset, piece.numel).copy_(pieces[k].reshape({-1}));
+    }
+    auto flat = at::empty({unit.layout.padded_numel()}, shard.options());
+    transport_->all_gather(shard, flat, "all_gather of unit '" + unit.name + "''s optimizer state");
+    for (size_t k = 0; k < params.size(); ++k) {
+      if (where[k].first != u) continue;
+      const size_t i = where[k].second;
+      whole[k] = flat.narrow(0, unit.layout.offsets[i], unit.layout.numels[i])
+                     .view(unit.layout.shapes[i])
+                     .to(pieces[k].dtype())
+                     .clone();
+    }
+  }
+  for (size_t k = 0; k < params.size(); ++k) {
+    if (where[k].first == SIZE_MAX) whole[k] = pieces[k].clone();
+  }
+  return whole;
+}
+
+at::Tensor FullyShardedDataParallelBase::piece_of(const at::Tensor& parameter, const at::Tensor& whole) const {
+  const auto where = located({parameter}).front();
+  if (where.first == SIZE_MAX) return whole;
+  const auto& unit = *units_[where.first];
+  const size_t i = where.second;
+  LOCKSTEP_CHECK(whole.numel() == unit.layout.numels[i], UsageError, "FullyShardedDataParallel: a tensor of ",
+                 whole.numel(), " elements for parameter '", unit.names[i], "', which has ", unit.layout.numels[i], ".");
+  const auto piece = unit.layout.piece(i, group_.rank());
+  return whole.reshape({-1}).narrow(0, piece.begin, piece.numel).clone();
+}
+
+void FullyShardedDataParallelBase::load_full_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& state,
+                                                        bool strict) {
+  torch::NoGradGuard no_grad;
+  std::unordered_map<std::string, at::Tensor> by_name(state.begin(), state.end());
+  // The value for `name`, or undefined where a state that is not strict lacks it.
+  const auto take = [&](const std::string& name, const at::Tensor& like) {
+    const auto found = by_name.find(name);
+    if (found == by_name.end() && !strict) return at::Tensor();
+    LOCKSTEP_CHECK(found != by_name.end(), UsageError, "FullyShardedDataParallel: the state has no '", name, "'.");
+    LOCKSTEP_CHECK(found->second.numel() == like.numel(), UsageError, "FullyShardedDataParallel: '", name, "' has ",
+                   found->second.numel(), " elements in the state, ", like.numel(), " in the module.");
+    return found->second;
+  };
+  const bool sharded = options_.sharding_strategy() != ShardingStrategy::no_shard;
+  for (auto& unit : units_) {
+    for (size_t i = 0; i < unit->params.size(); ++i) {
+      const auto value = take(unit->names[i], unit->whole[i]);
+      if (!value.defined()) continue;
+      if (!sharded) {
+        unit->whole[i].copy_(value.view_as(unit->whole[i]));
+        continue;
+      }
+      const auto piece = unit->layout.piece(i, group_.rank());
+      unit->shard.narrow(0, piece.shard_offset, piece.numel).copy_(value.reshape({-1}).narrow(0, piece.begin, piece.numel));
+    }
+    if (sharded) {
+      reshard(*unit);
+      unit->gathered = false;  // the next forward gathers the new values
+    }
+  }
+  for (const auto& item : module_->named_parameters()) {
+    if (located({item.value()}).front().first != SIZE_MAX) continue;
+    const auto value = take(item.key(), item.value());
+    if (value.defined()) item.value().copy_(value.view_as(item.value()));
+  }
+  for (const auto& item : module_->named_buffers()) {
+    const auto value = item.value().defined() ? take(item.key(), item.value()) : at::Tensor();
+    if (value.defined()) item.value().copy_(value.view_as(item.value()));
+  }
+}
+
+void FullyShardedDataParallelBase::fail(const std::string& message) {
+  error_ = message;
+  throw DistributedError(message);
+}
+
+}  // namespace distributed
+}  // namespace lockstep

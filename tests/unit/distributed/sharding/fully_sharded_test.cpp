@@ -1,0 +1,229 @@
+#include <lockstep/distributed/sharding/fully_sharded.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <lockstep/core/error.h>
+
+#include "../../../support/parity.h"
+#include "../../../support/thread_ranks.h"
+
+namespace lockstep {
+namespace distributed {
+namespace fully_sharded_test {
+namespace {
+
+using lockstep::testing::clone_all;
+using lockstep::testing::copy_into;
+using lockstep::testing::parameters_close;
+using lockstep::testing::run_ranks;
+
+constexpr int kSteps = 50;
+constexpr int64_t kPerRank = 4;
+constexpr double kTolerance = 1e-6;
+
+// 20 -> 64 -> 64 -> 10: the two hidden Linear layers (1344 and 4160 parameters) become units of
+// their own with auto_wrap_min_params(1000); the last one (650) stays in the root.
+torch::nn::Sequential mlp() {
+  return torch::nn::Sequential(torch::nn::Linear(20, 64), torch::nn::ReLU(), torch::nn::Linear(64, 64),
+                               torch::nn::ReLU(), torch::nn::Linear(64, 10));
+}
+
+struct Data {
+  std::vector<at::Tensor> inputs, targets;
+  Data(int steps, int64_t rows) {
+    auto gen = at::detail::createCPUGenerator(11);
+    for (int s = 0; s < steps; ++s) {
+      inputs.push_back(at::randn({rows, 20}, gen));
+      targets.push_back(at::randint(10, {rows}, gen));
+    }
+  }
+};
+
+struct Training {
+  int world = 2;
+  int accumulate = 1;    // micro-batches per step, each of kPerRank rows per rank
+  double clip = 0;       // max gradient norm, 0 for none
+  int64_t min_params = 1000;
+};
+
+std::vector<at::Tensor> initial_parameters() {
+  torch::manual_seed(3);
+  return clone_all(mlp()->parameters());
+}
+
+// One process on the whole batch: what every rank's full parameters must equal.
+std::vector<at::Tensor> train_reference(const std::vector<at::Tensor>& init, const Data& data, const Training& t) {
+  auto model = mlp();
+  copy_into(model->parameters(), init);
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.01));
+  const int64_t rows = t.world * kPerRank;
+  for (int s = 0; s < kSteps; ++s) {
+    opt.zero_grad();
+    for (int m = 0; m < t.accumulate; ++m) {
+      const int k = s * t.accumulate + m;
+      (torch::cross_entropy_loss(model->forward(data.inputs[k].narrow(0, 0, rows)), data.targets[k].narrow(0, 0, rows)) /
+       t.accumulate)
+          .backward();
+    }
+    if (t.clip > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), t.clip);
+    opt.step();
+  }
+  return clone_all(model->parameters());
+}
+
+// Each rank trains on its rows; returns every rank's full parameters after the last step.
+std::vector<std::vector<at::Tensor>> train_sharded(const std::vector<at::Tensor>& init, const Data& data,
+                                                   const Training& t, ShardingStrategy strategy) {
+  std::vector<torch::nn::Sequential> models;
+  for (int r = 0; r < t.world; ++r) {
+    models.push_back(mlp());
+    if (r == 0) copy_into(models.back()->parameters(), init);  // the others take rank 0's
+  }
+  std::vector<std::vector<at::Tensor>> result(t.world);
+  run_ranks(t.world, [&](ProcessGroup& g) {
+    auto model = models[g.rank()];
+    FullyShardedDataParallel fsdp(model, g,
+                                  ShardingOptions().sharding_strategy(strategy).auto_wrap_min_params(t.min_params));
+    torch::optim::Adam opt(fsdp.parameters(), torch::optim::AdamOptions(0.01));
+    for (int s = 0; s < kSteps; ++s) {
+      opt.zero_grad();
+      for (int m = 0; m < t.accumulate; ++m) {
+        const int k = s * t.accumulate + m;
+        const auto x = data.inputs[k].narrow(0, g.rank() * kPerRank, kPerRank);
+        const auto y = data.targets[k].narrow(0, g.rank() * kPerRank, kPerRank);
+        (torch::cross_entropy_loss(fsdp.forward(x), y) / t.accumulate).backward();
+      }
+      if (t.clip > 0) fsdp.clip_grad_norm(t.clip);
+      opt.step();
+    }
+    for (const auto& item : fsdp.full_state_dict()) result[g.rank()].push_back(item.second);
+  });
+  return result;
+}
+
+void expect_parity(const Training& t, ShardingStrategy strategy) {
+  const auto init = initial_parameters();
+  const Data data(kSteps * t.accumulate, t.world * kPerRank);
+  const auto expected = train_reference(init, data, t);
+  const auto ranks = train_sharded(init, data, t, strategy);
+  const auto names = lockstep::testing::parameter_names(*mlp());
+  for (int r = 0; r < t.world; ++r) {
+    EXPECT_TRUE(parameters_close(ranks[r], expected, kTolerance, names)) << "rank " << r << ", " << to_string(strategy);
+  }
+}
+
+class ShardedParity : public ::testing::TestWithParam<std::tuple<ShardingStrategy, int>> {};
+
+// After 50 Adam steps every rank's whole parameters equal one process's on the whole batch.
+TEST_P(ShardedParity, FiftyAdamStepsEqualOneProcessOnTheWholeBatch) {
+  Training t;
+  t.world = std::get<1>(GetParam());
+  expect_parity(t, std::get<0>(GetParam()));
+}
+
+// Two micro-batches per step (gradients accumulate in the shards) and a clipped global norm.
+TEST_P(ShardedParity, AccumulationAndClippingEqualOneProcess) {
+  Training t;
+  t.world = std::get<1>(GetParam());
+  t.accumulate = 2;
+  t.clip = 0.5;
+  expect_parity(t, std::get<0>(GetParam()));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Strategies, ShardedParity,
+    ::testing::Combine(::testing::Values(ShardingStrategy::full_shard, ShardingStrategy::shard_grad_op,
+                                         ShardingStrategy::shard_optimizer_state, ShardingStrategy::no_shard),
+                       ::testing::Values(2, 4)),
+    [](const ::testing::TestParamInfo<std::tuple<ShardingStrategy, int>>& info) {
+      return to_string(std::get<0>(info.param)) + "_" + std::to_string(std::get<1>(info.param)) + "ranks";
+    });
+
+// One unit (no auto-wrap) trains the same.
+TEST(FullyShardedDataParallel, TheWholeModuleAsOneUnitTrainsTheSame) {
+  Training t;
+  t.min_params = 0;
+  expect_parity(t, ShardingStrategy::full_shard);
+}
+
+// What each rank holds between steps: a quarter of the parameters, of the gradients and of
+// Adam's state on 4 ranks with FULL_SHARD; whole parameters with SHARD_GRAD_OP.
+TEST(FullyShardedDataParallel, EachRankHoldsItsShardBetweenSteps) {
+  const int64_t total = 1344 + 4160 + 650;
+  for (auto strategy : {ShardingStrategy::full_shard, ShardingStrategy::shard_grad_op}) {
+    std::vector<torch::nn::Sequential> models{mlp(), mlp(), mlp(), mlp()};
+    run_ranks(4, [&](ProcessGroup& g) {
+      FullyShardedDataParallel fsdp(models[g.rank()], g,
+                                    ShardingOptions().sharding_strategy(strategy).auto_wrap_min_params(1000));
+      ASSERT_EQ(fsdp.unit_count(), 3u);
+      torch::optim::Adam opt(fsdp.parameters(), torch::optim::AdamOptions(0.01));
+      const auto x = torch::randn({kPerRank, 20});
+      torch::cross_entropy_loss(fsdp.forward(x), torch::zeros({kPerRank}, torch::kLong)).backward();
+      opt.step();
+      int64_t params = 0, grads = 0, state = 0;
+      for (const auto& p : fsdp.parameters()) {
+        params += p.numel();
+        grads += p.grad().numel();
+      }
+      for (const auto& item : opt.state()) {
+        state += static_cast<const torch::optim::AdamParamState&>(*item.second).exp_avg().numel();
+      }
+      // Each unit is padded to a multiple of 4; a rank owns at most a quarter of it, rounded up.
+      EXPECT_LE(params, total / 4 + 3) << g.describe();
+      EXPECT_LE(grads, total / 4 + 3) << g.describe();
+      EXPECT_LE(state, total / 4 + 3) << g.describe();
+      EXPECT_GT(params, 0) << g.describe();
+      // The next forward gathers what it needs and computes with whole parameters.
+      EXPECT_EQ(fsdp.forward(x).sizes(), (std::vector<int64_t>{kPerRank, 10}));
+      if (strategy == ShardingStrategy::shard_grad_op) {
+        int64_t whole = 0;
+        for (const auto& p : fsdp.parameters()) whole += p.numel();
+        EXPECT_EQ(whole, total) << "SHARD_GRAD_OP keeps whole parameters through forward";
+      }
+    });
+  }
+}
+
+// Two runs of FULL_SHARD give the same bits.
+TEST(FullyShardedDataParallel, TwoRunsAreBitIdentical) {
+  const auto init = initial_parameters();
+  Training t;
+  t.world = 3;
+  const Data data(kSteps, t.world * kPerRank);
+  const auto first = train_sharded(init, data, t, ShardingStrategy::full_shard);
+  const auto second = train_sharded(init, data, t, ShardingStrategy::full_shard);
+  for (size_t k = 0; k < first[0].size(); ++k) EXPECT_TRUE(first[0][k].equal(second[0][k])) << "parameter " << k;
+}
+
+// A forward that bypasses the wrapper cannot silently skip the reduction.
+TEST(FullyShardedDataParallel, ABackwardWithoutTheWrappersForwardFailsNamingIt) {
+  std::vector<torch::nn::Sequential> models{mlp(), mlp()};
+  run_ranks(2, [&](ProcessGroup& g) {
+    FullyShardedDataParallel fsdp(models[g.rank()], g, ShardingOptions().sharding_strategy(ShardingStrategy::no_shard));
+    try {
+      models[g.rank()]->forward(torch::randn({2, 20})).sum().backward();
+      ADD_FAILURE() << "no error";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("did not go through the wrapper"), std::string::npos) << e.what();
+    }
+  });
+}
+
+TEST(FullyShardedDataParallel, BadOptionsAreUsageErrors) {
+  EXPECT_THROW(parse_sharding_strategy("ZERO9"), UsageError);
+  EXPECT_EQ(parse_sharding_strategy("full_shard"), ShardingStrategy::full_shard);
+  std::vector<torch::nn::Sequential> models{mlp(), mlp()};
+  run_ranks(2, [&](ProcessGroup& g) {
+    EXPECT_THROW(FullyShardedDataParallel(models[g.rank()], g, ShardingOptions().auto_wrap_min_params(-1)), UsageError);
+  });
+}
+
+}  // namespace
+}  // namespace fully_sharded_test
+}  // namespace distributed
+}  // namespace lockstep
