@@ -48,6 +48,23 @@ std::vector<at::Tensor> all_gather(ProcessGroup& group, const at::Tensor& tensor
 at::Tensor all_gather_stacked(ProcessGroup& group, const at::Tensor& tensor,
                               const CollectiveOptions& options = {});
 
+/// This rank's part of `flat` reduced over the ranks, as torch.distributed.reduce_scatter_tensor
+/// with an uneven last part: `flat` (the same numel and dtype on every rank, taken as 1-D) is
+/// split into parts of ceil(numel / world_size) elements, so the last ranks' parts are shorter
+/// or empty. Only ReduceOp::sum and ReduceOp::mean (others throw UsageError). Sums run in rank
+/// order over Gloo, so every run gives the same bits.
+///
+///   auto part = reduce_scatter(group, grads, ReduceOp::mean);  // 10 values, 4 ranks: 3, 3, 3, 1
+at::Tensor reduce_scatter(ProcessGroup& group, const at::Tensor& flat, ReduceOp op = ReduceOp::mean,
+                          const CollectiveOptions& options = {});
+
+/// Every rank's `shard` into `flat`, in rank order, and returns `flat`: the inverse of
+/// reduce_scatter's split. Each rank gives its part of flat's numel by the same rule (rank r:
+/// elements [r * ceil(numel / world_size), ...), the last ranks' parts shorter or empty);
+/// `flat` has the same numel and dtype on every rank and must be contiguous.
+at::Tensor all_gather_into(ProcessGroup& group, const at::Tensor& shard, at::Tensor flat,
+                           const CollectiveOptions& options = {});
+
 /// Overwrites `tensor` on every rank with rank `src`'s (same shape and dtype on every rank), as
 /// torch.distributed.broadcast does; returns it.
 at::Tensor broadcast_tensor(ProcessGroup& group, at::Tensor tensor, int src = 0,

@@ -15,23 +15,17 @@
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
+#include "sharding/equal_shards.h"
+#include "wait_for.h"
+
 namespace lockstep {
 namespace distributed {
 namespace {
 
-std::chrono::milliseconds timeout_of(const ProcessGroup& group, const CollectiveOptions& options) {
-  return options.timeout().count() > 0 ? options.timeout() : group.timeout();
-}
-
-std::string call_name(const std::string& op, const CollectiveOptions& options) {
-  return options.tag().empty() ? op : op + " '" + options.tag() + "'";
-}
-
-std::string seconds(std::chrono::milliseconds t) {
-  std::ostringstream out;
-  out << static_cast<double>(t.count()) / 1000.0 << " s";
-  return out.str();
-}
+using detail::call_name;
+using detail::seconds;
+using detail::timeout_of;
+using detail::wait_for;
 
 // The ranks r whose key `prefix + r` is in the store (arrived), and those whose is not, each as
 // "0, 2" ("" for none): who reached a barrier or a checked collective.
@@ -45,49 +39,6 @@ Arrivals arrivals(c10d::Store& store, const std::string& prefix, int world_size)
     list += (list.empty() ? "" : ", ") + std::to_string(r);
   }
   return lists;
-}
-
-// Waits for one c10d work item; a timeout or a dead peer becomes an error naming the call. Gloo's
-// wait can be resumed after a shorter one, so a quarter of the timeout in a line says what this
-// rank waits in and, where the call was checked (LOCKSTEP_DISTRIBUTED_DEBUG=detail), which ranks
-// arrived: `who_arrived` lists them.
-void wait_for(const ProcessGroup& group, const c10::intrusive_ptr<c10d::Work>& work,
-              const std::string& op, const CollectiveOptions& options,
-              const std::function<std::string()>& who_arrived = nullptr) {
-  const auto timeout = timeout_of(group, options);
-  std::string unreachable;  // hosts found not answering at the warning
-  try {
-    if (group.backend_name() == "gloo") {
-      // Never 0 ms: c10d's wait takes 0 for "no timeout".
-      const auto warn_after = std::max(timeout / 4, std::chrono::milliseconds(1));
-      try {
-        work->wait(warn_after);
-        return;
-      } catch (const std::exception&) {
-        if (work->isCompleted()) throw;  // it failed, rather than went on
-      }
-      const auto warned_at = std::chrono::steady_clock::now();
-      unreachable = group.unreachable_members();
-      // One write: ranks that are threads of one process must not interleave their lines.
-      std::cerr << "lockstep: " + group.describe() + ": still waiting in " + call_name(op, options) + " after " +
-                       seconds(warn_after) + "; " +
-                       (!unreachable.empty() ? unreachable
-                        : who_arrived        ? who_arrived()
-                                             : std::string("a rank has not arrived or is in another collective (run "
-                                                           "with LOCKSTEP_DISTRIBUTED_DEBUG=detail to see which)")) +
-                       "; it fails in " + seconds(timeout - warn_after) + ".\n";
-      const auto probed = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - warned_at);
-      work->wait(std::max(timeout - warn_after - probed, std::chrono::milliseconds(1)));
-      return;
-    }
-    work->wait(timeout);
-  } catch (const std::exception& e) {
-    const std::string why = unreachable.empty() ? "Every rank must make the same collective calls in the same order; "
-                                                  "check the other ranks' output for an earlier error."
-                                                : "Unreachable: " + unreachable + ".";
-    throw DistributedError(group.describe() + ": " + call_name(op, options) + " did not complete (timeout " +
-                           seconds(timeout) + "): " + message_of(e) + "\n" + why);
-  }
 }
 
 c10d::ReduceOp c10d_op(ReduceOp op) {
@@ -297,6 +248,68 @@ at::Tensor all_gather_stacked(ProcessGroup& group, const at::Tensor& tensor, con
     }
   }
   return torch::stack(parts);
+}
+
+at::Tensor reduce_scatter(ProcessGroup& group, const at::Tensor& flat, ReduceOp op, const CollectiveOptions& options) {
+  const std::string name = "reduce_scatter(" + to_string(op) + ")";
+  if (op != ReduceOp::sum && op != ReduceOp::mean) {
+    throw UsageError(group.describe() + ": " + name + ": reduce_scatter takes ReduceOp::sum or ReduceOp::mean; "
+                     "for " + to_string(op) + ", use all_reduce and keep your part.");
+  }
+  if (op == ReduceOp::mean && !at::isFloatingType(flat.scalar_type())) {
+    throw UsageError(group.describe() + ": " + name + " of a " + std::string(c10::toString(flat.scalar_type())) +
+                     " tensor: convert it to float first, or use ReduceOp::sum.");
+  }
+  if (!flat.is_contiguous()) {
+    throw UsageError(group.describe() + ": " + name + " needs a contiguous tensor; call .contiguous() first.");
+  }
+  check_same_call(group, call_name(name, options) + " of " + shape_of(flat), options);
+  const int world = group.world_size();
+  const int64_t numel = flat.numel();
+  const int64_t part = std::max<int64_t>(1, (numel + world - 1) / world);
+  // Equal parts for the transport: padded with zeros when they do not divide.
+  auto padded = flat.reshape({-1});
+  if (numel != part * world) {
+    padded = torch::zeros({part * world}, flat.options());
+    padded.narrow(0, 0, numel).copy_(flat.reshape({-1}));
+  }
+  auto shard = torch::empty({part}, flat.options());
+  detail::reduce_scatter_equal_shards(group, padded, shard, op == ReduceOp::mean ? world : 1.0, name, options);
+  const int64_t begin = std::min(numel, group.rank() * part);
+  return shard.narrow(0, 0, std::min(numel, begin + part) - begin);
+}
+
+at::Tensor all_gather_into(ProcessGroup& group, const at::Tensor& shard, at::Tensor flat,
+                           const CollectiveOptions& options) {
+  const int world = group.world_size();
+  const int64_t numel = flat.numel();
+  const int64_t part = std::max<int64_t>(1, (numel + world - 1) / world);
+  const int64_t begin = std::min(numel, group.rank() * part);
+  const int64_t mine = std::min(numel, begin + part) - begin;
+  std::string problem;
+  if (!flat.is_contiguous()) problem = "flat must be contiguous; call .contiguous() first";
+  if (shard.scalar_type() != flat.scalar_type()) {
+    problem = "shard is " + std::string(c10::toString(shard.scalar_type())) + " but flat " +
+              c10::toString(flat.scalar_type()) + "; give both one dtype";
+  }
+  if (shard.numel() != mine) {
+    problem = "this rank's part of " + std::to_string(numel) + " elements over " + std::to_string(world) +
+              " ranks has " + std::to_string(mine) + " (parts of " + std::to_string(part) +
+              ", the last ranks' shorter), but its shard has " + std::to_string(shard.numel()) +
+              "; pass the part reduce_scatter returned on this rank";
+  }
+  if (!problem.empty()) throw UsageError(group.describe() + ": all_gather_into: " + problem + ".");
+  check_same_call(group, call_name("all_gather_into", options) + " of " + shape_of(flat), options);
+  auto send = shard.reshape({-1});
+  if (mine != part) {
+    send = torch::zeros({part}, shard.options());
+    send.narrow(0, 0, mine).copy_(shard.reshape({-1}));
+  }
+  auto whole = flat.view({-1});
+  auto gathered = numel == part * world ? whole : torch::empty({part * world}, flat.options());
+  detail::all_gather_equal_shards(group, send.contiguous(), gathered, "all_gather_into", options);
+  if (!gathered.is_same(whole)) whole.copy_(gathered.narrow(0, 0, numel));
+  return flat;
 }
 
 at::Tensor broadcast_tensor(ProcessGroup& group, at::Tensor tensor, int src, const CollectiveOptions& options) {

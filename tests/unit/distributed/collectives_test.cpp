@@ -10,6 +10,7 @@
 #include <lockstep/core/error.h>
 #include <torch/torch.h>
 
+#include "../../support/errors.h"
 #include "../../support/thread_ranks.h"
 
 namespace lockstep {
@@ -307,6 +308,55 @@ TEST_P(Collectives, ACheckedCollectiveThatWaitsLongNamesWhoArrived) {
   const auto at = warnings.find(line);
   ASSERT_NE(at, std::string::npos) << warnings;
   EXPECT_NE(warnings.find("have not arrived (rank(s) 1", at), std::string::npos) << warnings;
+}
+
+// Parts of ceil(numel / world_size): the last ranks' shorter or empty (10 values on 4 ranks:
+// 3, 3, 3, 1; 5 values: 2, 2, 1, 0); all_gather_into puts them back together.
+TEST_P(Collectives, ReduceScatterPartsAreUnevenAtTheEnd) {
+  const int n = GetParam();
+  run_ranks(n, [n](ProcessGroup& g) {
+    for (int64_t numel : {1, 5, 10, 16}) {
+      for (auto dtype : {torch::kFloat, torch::kDouble}) {
+        const auto base = torch::arange(numel, dtype);
+        const auto sum = base * (n * (n + 1) / 2);  // rank r gives base * (r + 1)
+        const int64_t part = (numel + n - 1) / n;
+        const int64_t begin = std::min(numel, g.rank() * part);
+        const int64_t length = std::min(numel, begin + part) - begin;
+        auto summed = reduce_scatter(g, base * (g.rank() + 1), ReduceOp::sum);
+        ASSERT_EQ(summed.numel(), length) << "rank " << g.rank() << ", numel " << numel;
+        EXPECT_TRUE(summed.equal(sum.narrow(0, begin, length))) << "rank " << g.rank() << ": " << summed;
+        auto mean = reduce_scatter(g, base * (g.rank() + 1));
+        EXPECT_TRUE(mean.allclose(sum.narrow(0, begin, length) / n)) << "rank " << g.rank() << ": " << mean;
+        auto whole = torch::full({numel}, -1.0, dtype);
+        auto returned = all_gather_into(g, summed, whole);
+        EXPECT_EQ(returned.data_ptr(), whole.data_ptr());
+        EXPECT_TRUE(whole.equal(sum)) << "rank " << g.rank() << ": " << whole;
+      }
+    }
+  });
+}
+
+TEST_P(Collectives, ReduceScatterAndAllGatherIntoRejectBadInput) {
+  run_ranks(GetParam(), [](ProcessGroup& g) {
+    const auto max = testing::error_of<UsageError>([&] { reduce_scatter(g, torch::ones({4}), ReduceOp::max); });
+    EXPECT_NE(max.find("reduce_scatter(max): reduce_scatter takes ReduceOp::sum or ReduceOp::mean"), std::string::npos)
+        << max;
+    EXPECT_THROW(reduce_scatter(g, torch::ones({4}, torch::kInt64)), UsageError);  // the mean of integers
+    const auto wrong = testing::error_of<UsageError>([&] { all_gather_into(g, torch::ones({3}), torch::empty({4})); });
+    EXPECT_NE(wrong.find("all_gather_into: this rank's part of 4 elements over"), std::string::npos) << wrong;
+  });
+}
+
+// Checked, ranks that reduce-scatter flats of different sizes are named before any data moves.
+TEST_P(Collectives, CheckedReduceScattersOfOtherSizesDiffer) {
+  const int n = GetParam();
+  std::vector<std::string> messages(n);
+  run_checked_ranks(n, [&](ProcessGroup& g) {
+    messages[g.rank()] = testing::error_of<DistributedError>(
+        [&] { reduce_scatter(g, torch::ones({g.rank() == 0 ? 6 : 8}), ReduceOp::sum); });
+  });
+  EXPECT_NE(messages[0].find("is in reduce_scatter(sum) of Float [8] #1 while rank 0 is in reduce_scatter(sum) of "
+                             "Float [6] #1"), std::string::npos) << messages[0];
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, Collectives, ::testing::Values(2, 4),

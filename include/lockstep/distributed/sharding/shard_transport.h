@@ -30,8 +30,24 @@ class ShardTransport {
   virtual void all_gather(const at::Tensor& shard, at::Tensor& flat, const std::string& what) = 0;
 };
 
-/// The process group's backend: a collective of `group` for every rank.
+/// The process group's backend: a collective of `group` for every rank. Gloo: an all-to-all of
+/// the parts, then the sum in rank order ((x0 + x1) + x2 ...; the same bits as shared memory),
+/// and an all-gather; NCCL: its reduce-scatter and all-gather on group.device(). Waits are bounded
+/// by the group's timeout. `group` must outlive it.
 std::shared_ptr<ShardTransport> c10d_shard_transport(ProcessGroup& group);
+
+/// Shared memory when every rank can use it (`shared_memory` true, more than one rank, all on
+/// this host, the group's device the CPU, LOCKSTEP_DDP_SHARED_MEMORY not 0), else c10d; with
+/// several hosts, c10d. A collective: every rank of `group` calls it with the same
+/// `max_flat_bytes` (the segment holds that much per rank; larger flats go through in pieces).
+/// `why_not` (may be null) receives why shared memory is not used, "" when it is. In shared
+/// memory, tensors other than contiguous CPU float32/float64 go through c10d.
+///
+///   std::string why_not;
+///   auto transport = choose_shard_transport(group, layout.padded_numel() * 4, true, &why_not);
+///   transport->reduce_scatter(flat_grad, grad_shard, group.world_size(), "reduce_scatter of unit 3");
+std::shared_ptr<ShardTransport> choose_shard_transport(ProcessGroup& group, int64_t max_flat_bytes,
+                                                       bool shared_memory, std::string* why_not);
 
 }  // namespace distributed
 }  // namespace lockstep

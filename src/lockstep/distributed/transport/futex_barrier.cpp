@@ -69,9 +69,7 @@ std::string FutexBarrier::wait(const char* phase, uint64_t epoch, const std::ato
     timespec slice{0, 20 * 1000 * 1000};
     const long rc = futex(&h.generation, FUTEX_WAIT, generation, &slice);
     if (rc == 0 || errno == EAGAIN || errno == EINTR) continue;
-    if (const uint32_t by = h.aborted_by.load(std::memory_order_acquire)) {
-      return "rank " + std::to_string(members_[by - 1]) + " failed; see its output" + where;
-    }
+    const uint32_t aborted_by = h.aborted_by.load(std::memory_order_acquire);
     // Every rank's liveness, arrived or not: the last to arrive may die before it releases the rest.
     std::string missing, exited, left;
     for (int r = 0; r < local_size_; ++r) {
@@ -85,10 +83,11 @@ std::string FutexBarrier::wait(const char* phase, uint64_t epoch, const std::ato
     }
     if (h.generation.load(std::memory_order_acquire) != generation) return "";
     const std::string waiting = missing.empty() ? "" : "; waiting for rank(s) " + missing;
+    if (aborted_by) return "rank " + std::to_string(members_[aborted_by - 1]) + " failed (see its output)" + waiting + where;
     if (!exited.empty()) return "rank(s) " + exited + " exited" + waiting + where;
     if (!left.empty()) {
-      return "rank(s) " + left + " left the reduction (an error there, or its DistributedDataParallel was "
-             "destroyed) while their process lives on" + waiting + where + ". See those ranks' output.";
+      return "rank(s) " + left + " left the reduction (an error there, or its DistributedDataParallel or "
+             "shard transport was destroyed) while their process lives on" + waiting + where + ". See those ranks' output.";
     }
     if (stopping.load()) return "stopped while waiting for rank(s) " + missing + where;
     if (Clock::now() > deadline) {

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include <torch/torch.h>
 
 #include <lockstep/distributed/collectives.h>
@@ -72,6 +74,53 @@ std::string describe_refusals(const std::vector<std::string>& reasons) {
     out += (out.empty() ? "" : "; ") + reason + (ranks.size() > 1 ? " (ranks " : " (rank ") + list + ")";
   }
   return out;
+}
+
+HostSegment join_host_segment(ProcessGroup& group, int64_t slot_bytes, const std::string& refused,
+                              const std::string& host, const std::string& purpose, bool one_host,
+                              std::string* why_not) {
+  HostSegment joined;
+  // The hosts, each with its ranks in rank order; this rank's host and place on it.
+  joined.hosts = ranks_by_host(gather_strings(group, host.empty() ? host_key() : host, purpose + " hosts"));
+  const auto& hosts = joined.hosts;
+  joined.members = *std::find_if(hosts.begin(), hosts.end(), [&](const std::vector<int>& ranks) {
+    return std::find(ranks.begin(), ranks.end(), group.rank()) != ranks.end();
+  });
+  const auto& members = joined.members;
+  const int local_size = static_cast<int>(members.size());
+  joined.local_rank = static_cast<int>(std::find(members.begin(), members.end(), group.rank()) - members.begin());
+  const bool leader = joined.local_rank == 0;
+
+  std::string error = refused;
+  if (error.empty()) {
+    const bool even = std::all_of(hosts.begin(), hosts.end(), [&](const auto& h) { return h.size() == members.size(); });
+    if (local_size < 2) error = "no other rank on its host";
+    if (!even) error = "hosts with different numbers of ranks";
+    if (local_size > kMaxRanks) error = "more than " + std::to_string(kMaxRanks) + " ranks on one host";
+    if (one_host && hosts.size() > 1) error = "ranks on " + std::to_string(hosts.size()) + " hosts";
+  }
+  // The first rank of each host creates its segment; the others open it through /proc.
+  int fd = -1;
+  std::unique_ptr<SharedMemorySegment> memory;
+  nlohmann::json offer = {{"path", ""}, {"token", 0}};
+  if (leader && error.empty()) memory = create_segment(local_size, slot_bytes, &fd, &offer, &error);
+  const auto offers = gather_strings(group, leader ? offer.dump() : "", purpose + " offers");
+  offer = nlohmann::json::parse(offers[members.front()]);
+  const std::string path = offer["path"];
+  if (!leader && error.empty() && !path.empty()) {
+    memory = attach_segment(path, offer["token"].get<uint64_t>(), local_size, slot_bytes, &fd, &error);
+  }
+  // Everyone has opened it (or failed): the file descriptors are no longer needed.
+  const auto errors = gather_strings(group, error, purpose + " answers");
+  if (fd >= 0) close(fd);
+  const std::string reason = describe_refusals(errors);
+  if (!reason.empty() || path.empty()) {
+    if (why_not) *why_not = reason;
+    return joined;
+  }
+  memory->header().pids[joined.local_rank] = getpid();
+  joined.memory = std::move(memory);
+  return joined;
 }
 
 }  // namespace detail

@@ -20,11 +20,6 @@ namespace lockstep {
 namespace distributed {
 namespace {
 
-using detail::describe_refusals;
-using detail::gather_strings;
-using detail::host_key;
-using detail::kMaxRanks;
-using detail::ranks_by_host;
 using detail::round_up;
 
 template <typename T>
@@ -65,44 +60,15 @@ std::shared_ptr<SharedMemoryAllreduce> SharedMemoryAllreduce::connect(ProcessGro
     if (why_not) *why_not = reason;
     return nullptr;
   };
-  const int world = group.world_size();
-  if (world < 2) return refuse("a single rank has nothing to share");
-  // The hosts, each with its ranks in rank order; this rank's host and place on it.
-  const auto hosts =
-      ranks_by_host(gather_strings(group, host.empty() ? host_key() : host, "DDP shared memory hosts"));
-  const auto& members = *std::find_if(hosts.begin(), hosts.end(), [&](const std::vector<int>& ranks) {
-    return std::find(ranks.begin(), ranks.end(), group.rank()) != ranks.end();
-  });
+  if (group.world_size() < 2) return refuse("a single rank has nothing to share");
+  auto joined = detail::join_host_segment(group, detail::slot_bytes_for(bytes_per_rank), refused, host,
+                                          "DDP shared memory", false, why_not);
+  if (!joined.memory) return nullptr;
+  const auto& hosts = joined.hosts;
+  const auto& members = joined.members;
+  const int local_rank = joined.local_rank;
   const int local_size = static_cast<int>(members.size());
-  const int local_rank = static_cast<int>(std::find(members.begin(), members.end(), group.rank()) - members.begin());
-  const bool leader = local_rank == 0;
-  const int64_t slot_bytes = detail::slot_bytes_for(bytes_per_rank);
-
-  std::string error = refused;
-  if (error.empty()) {
-    const bool even = std::all_of(hosts.begin(), hosts.end(), [&](const auto& h) { return h.size() == members.size(); });
-    if (local_size < 2) error = "no other rank on its host";
-    if (!even) error = "hosts with different numbers of ranks";
-    if (local_size > kMaxRanks) error = "more than " + std::to_string(kMaxRanks) + " ranks on one host";
-  }
-  // The first rank of each host creates its segment; the others open it through /proc.
-  int fd = -1;
-  std::unique_ptr<detail::SharedMemorySegment> memory;
-  nlohmann::json offer = {{"path", ""}, {"token", 0}};
-  if (leader && error.empty()) memory = detail::create_segment(local_size, slot_bytes, &fd, &offer, &error);
-  const auto offers = gather_strings(group, leader ? offer.dump() : "", "DDP shared memory offers");
-  offer = nlohmann::json::parse(offers[members.front()]);
-  const std::string path = offer["path"];
-  if (!leader && error.empty() && !path.empty()) {
-    memory = detail::attach_segment(path, offer["token"].get<uint64_t>(), local_size, slot_bytes, &fd, &error);
-  }
-  // Everyone has opened it (or failed): the file descriptors are no longer needed.
-  const auto errors = gather_strings(group, error, "DDP shared memory answers");
-  if (fd >= 0) close(fd);
-  const std::string reason = describe_refusals(errors);
-  if (!reason.empty() || path.empty()) return refuse(reason);
-  memory->header().pids[local_rank] = getpid();
-  auto segment = std::make_shared<Segment>(std::move(memory), members, local_rank, group.timeout());
+  auto segment = std::make_shared<Segment>(std::move(joined.memory), members, local_rank, group.timeout());
   // Across hosts, rank i of every host sums part i of the buckets with its peers over the backend.
   std::shared_ptr<ProcessGroup> across;
   if (hosts.size() > 1) {

@@ -1,0 +1,61 @@
+#pragma once
+// The c10d reduce-scatter and all-gather over equal shards, for the c10d shard transport and the
+// collectives reduce_scatter and all_gather_into; and the sum in rank order that makes the Gloo
+// and shared memory paths give the same bits (not installed).
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include <lockstep/distributed/collectives.h>
+#include <lockstep/distributed/process_group.h>
+
+namespace lockstep {
+namespace distributed {
+namespace detail {
+
+/// out[i] = ((parts[0][i] + parts[1][i]) + ...) / divisor for i < n, in blocks that stay in
+/// the cache; `out` may be none of the parts.
+template <typename T>
+void sum_in_rank_order(const std::vector<const T*>& parts, T* out, int64_t n, T divisor) {
+  constexpr int64_t kBlock = 2048;
+  for (int64_t start = 0; start < n; start += kBlock) {
+    const int64_t count = std::min(kBlock, n - start);
+    T* block = out + start;
+    const T* first = parts[0] + start;
+    for (int64_t i = 0; i < count; ++i) block[i] = first[i];
+    for (size_t r = 1; r < parts.size(); ++r) {
+      const T* other = parts[r] + start;
+      for (int64_t i = 0; i < count; ++i) block[i] += other[i];
+    }
+    if (divisor != T(1)) {
+      for (int64_t i = 0; i < count; ++i) block[i] /= divisor;
+    }
+  }
+}
+
+/// `rows` (world_size x shard.numel(): rank r's values in row r) summed in rank order and divided
+/// by `divisor` into `shard`: sum_in_rank_order for contiguous CPU float32/float64, tensor
+/// additions in the same order otherwise.
+void sum_rows_in_rank_order(const at::Tensor& rows, at::Tensor& shard, double divisor);
+
+/// ShardTransport::reduce_scatter over the group's backend, within the options' timeout
+/// (`what` and the options' tag name it in errors).
+void reduce_scatter_equal_shards(ProcessGroup& group, const at::Tensor& flat, at::Tensor& shard, double divisor,
+                                 const std::string& what, const CollectiveOptions& options);
+/// ShardTransport::all_gather over the group's backend, as reduce_scatter_equal_shards.
+void all_gather_equal_shards(ProcessGroup& group, const at::Tensor& shard, at::Tensor& flat,
+                             const std::string& what, const CollectiveOptions& options);
+
+/// UsageError unless `flat` and `shard` are contiguous, of one dtype and device, and flat holds
+/// world_size * shard.numel() elements; `who` ("rank 1/2") and `call` ("reduce_scatter") and
+/// `what` name the call in the message.
+void check_equal_shards(int world_size, const std::string& who, const at::Tensor& flat, const at::Tensor& shard,
+                        const std::string& call, const std::string& what);
+
+}  // namespace detail
+}  // namespace distributed
+}  // namespace lockstep

@@ -1,0 +1,172 @@
+#include <lockstep/distributed/sharding/shard_transport.h>
+
+#include <cstdlib>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/torch.h>
+
+#include <lockstep/core/error.h>
+#include <lockstep/distributed/sharding/shared_memory_shard_transport.h>
+
+#include "../wait_for.h"
+#include "equal_shards.h"
+
+namespace lockstep {
+namespace distributed {
+namespace {
+
+using detail::timeout_of;
+using detail::wait_for;
+
+class C10dShardTransport : public ShardTransport {
+ public:
+  explicit C10dShardTransport(ProcessGroup& group) : group_(group) {}
+  std::string name() const override { return group_.backend_name(); }
+
+  void reduce_scatter(const at::Tensor& flat, at::Tensor& shard, double divisor, const std::string& what) override {
+    detail::check_equal_shards(group_.world_size(), group_.describe(), flat, shard, "reduce_scatter", what);
+    detail::reduce_scatter_equal_shards(group_, flat, shard, divisor, what, CollectiveOptions());
+  }
+
+  void all_gather(const at::Tensor& shard, at::Tensor& flat, const std::string& what) override {
+    detail::check_equal_shards(group_.world_size(), group_.describe(), flat, shard, "all_gather", what);
+    detail::all_gather_equal_shards(group_, shard, flat, what, CollectiveOptions());
+  }
+
+ private:
+  ProcessGroup& group_;
+};
+
+template <typename T>
+void sum_rows_typed(const at::Tensor& rows, at::Tensor& shard, double divisor) {
+  const int64_t n = shard.numel();
+  std::vector<const T*> parts;
+  for (int64_t r = 0; r < rows.size(0); ++r) parts.push_back(rows.data_ptr<T>() + r * n);
+  detail::sum_in_rank_order<T>(parts, shard.data_ptr<T>(), n, static_cast<T>(divisor));
+}
+
+#ifdef USE_C10D_NCCL  // set by the Torch package of a LibTorch built with NCCL (2.x CUDA builds)
+// NCCL's own collectives on the group's device: CPU tensors are copied there and back.
+void nccl_reduce_scatter(ProcessGroup& group, const at::Tensor& flat, at::Tensor& shard, double divisor,
+                         const std::string& what, const CollectiveOptions& options) {
+  auto input = flat.to(group.device()).view(-1);
+  const bool in_place = shard.device() == group.device();
+  auto output = in_place ? shard.view(-1) : torch::empty({shard.numel()}, shard.options().device(group.device()));
+  c10d::ReduceScatterOptions o;
+  o.reduceOp = c10d::ReduceOp::SUM;
+  o.timeout = timeout_of(group, options);
+  wait_for(group, group.backend()->_reduce_scatter_base(output, input, o), what, options);
+  if (divisor != 1.0) output.div_(divisor);
+  if (!in_place) shard.view(-1).copy_(output);
+}
+
+void nccl_all_gather(ProcessGroup& group, const at::Tensor& shard, at::Tensor& flat, const std::string& what,
+                     const CollectiveOptions& options) {
+  auto input = shard.to(group.device()).view(-1);
+  const bool in_place = flat.device() == group.device();
+  auto output = in_place ? flat.view(-1) : torch::empty({flat.numel()}, flat.options().device(group.device()));
+  c10d::AllgatherOptions o;
+  o.timeout = timeout_of(group, options);
+  wait_for(group, group.backend()->_allgather_base(output, input, o), what, options);
+  if (!in_place) flat.view(-1).copy_(output);
+}
+#endif
+
+// Why shared memory cannot serve this group, or "" if it may.
+std::string shared_memory_unsuitable(const ProcessGroup& group, bool allowed) {
+  if (!allowed) return "turned off by the caller";
+  const char* env = std::getenv("LOCKSTEP_DDP_SHARED_MEMORY");
+  if (env && std::string(env) == "0") return "turned off by LOCKSTEP_DDP_SHARED_MEMORY=0";
+  if (!group.device().is_cpu()) return "the process group's device is " + group.device().str();
+  return "";
+}
+
+}  // namespace
+
+namespace detail {
+
+void check_equal_shards(int world_size, const std::string& who, const at::Tensor& flat, const at::Tensor& shard,
+                        const std::string& call, const std::string& what) {
+  std::string problem;
+  if (!flat.is_contiguous() || !shard.is_contiguous()) {
+    problem = "needs contiguous tensors; call .contiguous() first";
+  } else if (flat.scalar_type() != shard.scalar_type() || flat.device() != shard.device()) {
+    problem = "flat is " + flat.toString() + " on " + flat.device().str() + ", shard " + shard.toString() + " on " +
+              shard.device().str() + "; give both one dtype and device";
+  } else if (flat.numel() != world_size * shard.numel()) {
+    problem = "flat has " + std::to_string(flat.numel()) + " elements and shard " + std::to_string(shard.numel()) +
+              ", but flat must hold world_size (" + std::to_string(world_size) +
+              ") equal shards; pad it as FlatLayout does";
+  }
+  if (!problem.empty()) throw UsageError(who + ": " + call + " (" + what + "): " + problem + ".");
+}
+
+void sum_rows_in_rank_order(const at::Tensor& rows, at::Tensor& shard, double divisor) {
+  const auto dtype = rows.scalar_type();
+  const bool plain = rows.device().is_cpu() && shard.device().is_cpu() && rows.is_contiguous() &&
+                     shard.is_contiguous() && shard.scalar_type() == dtype;
+  if (plain && dtype == at::kFloat) return sum_rows_typed<float>(rows, shard, divisor);
+  if (plain && dtype == at::kDouble) return sum_rows_typed<double>(rows, shard, divisor);
+  auto sum = rows[0].clone();
+  for (int64_t r = 1; r < rows.size(0); ++r) sum.add_(rows[r]);
+  if (divisor != 1.0) sum.div_(divisor);
+  shard.copy_(sum.view_as(shard));
+}
+
+void reduce_scatter_equal_shards(ProcessGroup& group, const at::Tensor& flat, at::Tensor& shard, double divisor,
+                                 const std::string& what, const CollectiveOptions& options) {
+#ifdef USE_C10D_NCCL
+  if (group.backend_name() == "nccl") return nccl_reduce_scatter(group, flat, shard, divisor, what, options);
+#endif
+  // Gloo has no reduce-scatter (LibTorch 1.13) and would sum in its own order: rank j receives
+  // part j of every rank's flat, and sums them in rank order itself.
+  if (shard.numel() == 0) return;
+  auto input = flat.view(-1);
+  auto received = torch::empty_like(input);
+  std::vector<int64_t> equal_parts;  // none given: world_size equal parts
+  c10d::AllToAllOptions o;
+  o.timeout = timeout_of(group, options);
+  wait_for(group, group.backend()->alltoall_base(received, input, equal_parts, equal_parts, o), what, options);
+  sum_rows_in_rank_order(received.view({group.world_size(), shard.numel()}), shard, divisor);
+}
+
+void all_gather_equal_shards(ProcessGroup& group, const at::Tensor& shard, at::Tensor& flat, const std::string& what,
+                             const CollectiveOptions& options) {
+#ifdef USE_C10D_NCCL
+  if (group.backend_name() == "nccl") return nccl_all_gather(group, shard, flat, what, options);
+#endif
+  // Gloo (1.13) has no flat all-gather: the list form, into views of `flat`.
+  const int64_t n = shard.numel();
+  if (n == 0) return;
+  auto whole = flat.view(-1);
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int r = 0; r < group.world_size(); ++r) outputs[0].push_back(whole.narrow(0, r * n, n));
+  std::vector<at::Tensor> inputs{shard.view(-1)};
+  c10d::AllgatherOptions o;
+  o.timeout = timeout_of(group, options);
+  wait_for(group, group.backend()->allgather(outputs, inputs, o), what, options);
+}
+
+}  // namespace detail
+
+std::shared_ptr<ShardTransport> c10d_shard_transport(ProcessGroup& group) {
+  return std::make_shared<C10dShardTransport>(group);
+}
+
+std::shared_ptr<ShardTransport> choose_shard_transport(ProcessGroup& group, int64_t max_flat_bytes,
+                                                       bool shared_memory, std::string* why_not) {
+  std::string reason;
+  if (group.world_size() < 2) {
+    reason = "a single rank has nothing to share";
+  } else if (auto memory = SharedMemoryShardTransport::connect(group, max_flat_bytes,
+                                                                shared_memory_unsuitable(group, shared_memory), &reason)) {
+    if (why_not) why_not->clear();
+    return memory;
+  }
+  if (why_not) *why_not = reason;
+  return c10d_shard_transport(group);
+}
+
+}  // namespace distributed
+}  // namespace lockstep
