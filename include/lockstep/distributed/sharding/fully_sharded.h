@@ -82,6 +82,8 @@ class FullyShardedDataParallelBase {
   const ShardingOptions& options() const { return options_; }
   /// How many units the module was split into (1: only the root).
   size_t unit_count() const { return units_.size(); }
+  /// Why reduce-scatters and all-gathers do not go through shared memory ("" when they do).
+  const std::string& why_not_shared_memory() const { return why_not_shared_memory_; }
   /// The layout of unit `index` (0 is the root).
   const FlatLayout& layout(size_t index) const;
 
@@ -116,6 +118,7 @@ class FullyShardedDataParallelBase {
   size_t next_reduced_ = 0;
   bool in_backward_ = false;
   bool gradients_set_aside_ = false;
+  std::string why_not_shared_memory_;
   std::string error_;  // a failure inside backward, rethrown by the next call
 };
 

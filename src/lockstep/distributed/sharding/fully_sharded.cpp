@@ -165,8 +165,10 @@ FullyShardedDataParallelBase::FullyShardedDataParallelBase(std::shared_ptr<torch
     if (b.defined()) state.push_back(b);
   }
   broadcast_tensors(group_, state, "FSDP parameters and buffers");
-  transport_ = c10d_shard_transport(group_);
   build_units();
+  int64_t largest = 0;
+  for (const auto& unit : units_) largest = std::max(largest, unit->layout.padded_numel() * unit->full.element_size());
+  transport_ = choose_shard_transport(group_, largest, options_.shared_memory(), &why_not_shared_memory_);
 }
 
 FullyShardedDataParallelBase::~FullyShardedDataParallelBase() {
