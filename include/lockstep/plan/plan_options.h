@@ -49,6 +49,14 @@ struct PlanOptions {
   /// program again, up to this many times (torchrun's --max-restarts); give --ckpt-path last to
   /// continue where it was. Under another launcher use its own restarts. Default: 0.
   TORCH_ARG(int64_t, max_restarts) = 0;
+  /// With --strategy fsdp, what each rank keeps only a shard of: FULL_SHARD (parameters, gradients
+  /// and optimizer state), SHARD_GRAD_OP (gradients and optimizer state), SHARD_OPTIMIZER_STATE
+  /// (ZeRO-1) or NO_SHARD (as DDP). Default: "FULL_SHARD".
+  TORCH_ARG(std::string, fsdp_sharding) = "FULL_SHARD";
+  /// With --strategy fsdp, the units: each child of a torch::nn::Sequential with at least this
+  /// many parameters is gathered only around its own forward and backward; 0: the whole model
+  /// is one unit. Default: 0.
+  TORCH_ARG(int64_t, fsdp_auto_wrap_min_params) = 0;
   /// Whether the Trainer or Fabric, when made, gives every field still at its default the value
   /// of its LOCKSTEP_TRAINER_<FIELD> variable (LOCKSTEP_TRAINER_DEVICES=2), as Lightning 2.x's
   /// PL_TRAINER_* do: a value set in code wins over the variable. cli::add_plan_flags sets it
@@ -80,6 +88,8 @@ struct PlanOptionsOf : PlanOptions {
   LOCKSTEP_PLAN_OPTION(timeout)
   LOCKSTEP_PLAN_OPTION(distributed_debug)
   LOCKSTEP_PLAN_OPTION(max_restarts)
+  LOCKSTEP_PLAN_OPTION(fsdp_sharding)
+  LOCKSTEP_PLAN_OPTION(fsdp_auto_wrap_min_params)
   LOCKSTEP_PLAN_OPTION(trainer_variables)
 #undef LOCKSTEP_PLAN_OPTION
 };

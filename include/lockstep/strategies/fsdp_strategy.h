@@ -25,6 +25,7 @@ class FSDPStrategy : public DDPStrategy {
   std::shared_ptr<WrappedModule> setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
   void teardown() override;
   torch::Tensor training_step(TrainingModule& module, Batch& batch, int64_t batch_idx) override;
+  void before_evaluation_step() override;
   void manual_backward(const torch::Tensor& loss) override { loss.backward(); }
   void set_gradient_sync(bool enabled) override {}
 

@@ -70,6 +70,9 @@ class Strategy {
 
   // One training step.
   virtual torch::Tensor training_step(TrainingModule& module, Batch& batch, int64_t batch_idx);
+  /// Before each validation, test and predict step, which call the module directly: a sharded
+  /// strategy gathers the parameters the module's forward needs.
+  virtual void before_evaluation_step() {}
   /// The backward of the Trainer's automatic step and of Fabric::backward: the forwards through
   /// the wrappers armed the reduction.
   virtual void backward(const torch::Tensor& loss) { loss.backward(); }

@@ -191,6 +191,11 @@ void add_plan_flags(CLI::App& app, PlanOptions& o) {
   add(app, "--distributed-debug", o.distributed_debug(), "off|detail: the ranks compare each collective's call first");
   add(app, "--max-restarts", o.max_restarts(), "self-launch: start the job again after a failure, up to N times")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  add(app, "--fsdp-sharding", o.fsdp_sharding(),
+      "with --strategy fsdp: FULL_SHARD|SHARD_GRAD_OP|SHARD_OPTIMIZER_STATE|NO_SHARD");
+  add(app, "--fsdp-auto-wrap-min-params", o.fsdp_auto_wrap_min_params(),
+      "with --strategy fsdp: Sequential children with this many parameters are units of their own (0: one unit)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
 }
 
 void add_trainer_flags(CLI::App& app, TrainerOptions& o) {

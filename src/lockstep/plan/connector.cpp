@@ -13,6 +13,7 @@
 #include <lockstep/distributed/process_group.h>
 #include <lockstep/distributed/rank_zero.h>
 #include <lockstep/environments/torchelastic_environment.h>
+#include <lockstep/strategies/fsdp_strategy.h>
 #include <lockstep/strategies/registry.h>
 
 namespace lockstep {
@@ -30,7 +31,6 @@ const std::map<std::string, std::string>& not_available() {
                     "or ddp_fork"},
       {"horovod", "Horovod is not in Debian's LibTorch. Use --strategy ddp"},
       {"deepspeed", "DeepSpeed is a Python library. Use --strategy ddp"},
-      {"fsdp", "FSDP is not in LibTorch 1.13's C++ frontend. Use --strategy ddp"},
       {"xla", "XLA has no C++ frontend in LibTorch. Use --strategy ddp"},
   };
   return names;
@@ -143,6 +143,33 @@ std::shared_ptr<strategies::Strategy> strategy_for(const PlanOptions& o, int pro
   return strategies::create_strategy(name);
 }
 
+// --fsdp-* set the sharding of --strategy fsdp (or of an FSDPStrategy object, where they are not
+// at their defaults); with any other strategy they are refused.
+void apply_sharding_options(const PlanOptions& o, strategies::Strategy& strategy) {
+  const PlanOptions d;
+  const bool sharding_set = o.fsdp_sharding() != d.fsdp_sharding();
+  const bool units_set = o.fsdp_auto_wrap_min_params() != d.fsdp_auto_wrap_min_params();
+  auto* fsdp = dynamic_cast<strategies::FSDPStrategy*>(&strategy);
+  if (!fsdp) {
+    LOCKSTEP_CHECK(!sharding_set && !units_set, UsageError, sharding_set ? "--fsdp-sharding " : "",
+                   sharding_set ? o.fsdp_sharding() : "", sharding_set && units_set ? " and " : "",
+                   units_set ? "--fsdp-auto-wrap-min-params " + std::to_string(o.fsdp_auto_wrap_min_params()) : "",
+                   " shard with --strategy fsdp, but the strategy is ", strategy.name(),
+                   ". Add --strategy fsdp, or drop them.");
+    return;
+  }
+  if (sharding_set) {
+    try {
+      fsdp->sharding_options().sharding_strategy(distributed::parse_sharding_strategy(o.fsdp_sharding()));
+    } catch (const UsageError& e) {
+      throw UsageError("--fsdp-sharding: " + message_of(e));
+    }
+  }
+  LOCKSTEP_CHECK(o.fsdp_auto_wrap_min_params() >= 0, UsageError, "--fsdp-auto-wrap-min-params ",
+                 o.fsdp_auto_wrap_min_params(), " is negative; give 0 (one unit) or a parameter count.");
+  if (units_set) fsdp->sharding_options().auto_wrap_min_params(o.fsdp_auto_wrap_min_params());
+}
+
 // Options that change nothing in this run: a note on rank 0, where Lightning would warn.
 void note_idle_options(const PlanOptions& o, const strategies::StrategyContext& c) {
   if (c.environment->global_rank() != 0) return;
@@ -228,6 +255,7 @@ ExecutionPlan resolve_plan(const PlanOptions& o, const environments::Environ& en
                  "--process-group-backend nccl reduces CUDA tensors, but the accelerator is ",
                  accelerators::to_string(c.accelerator), ". Use --accelerator cuda, or --process-group-backend gloo.");
   plan.strategy = strategy_for(o, c.devices_per_node * c.num_nodes, std::move(strategy));
+  apply_sharding_options(o, *plan.strategy);
   c.timeout_seconds = o.timeout();
   c.sync_batchnorm = o.sync_batchnorm();
   std::string debug = o.distributed_debug();

@@ -99,6 +99,9 @@ void apply_trainer_variables(PlanOptions& o, const environments::Environ& enviro
   v.set("timeout", o.timeout(), d.timeout(), 0.001, 1e9);
   v.set("distributed_debug", o.distributed_debug(), d.distributed_debug());
   v.set("max_restarts", o.max_restarts(), d.max_restarts(), 0, int64_t{1} << 20);
+  v.set("fsdp_sharding", o.fsdp_sharding(), d.fsdp_sharding());
+  v.set("fsdp_auto_wrap_min_params", o.fsdp_auto_wrap_min_params(), d.fsdp_auto_wrap_min_params(), 0,
+        int64_t{1} << 50);
   o.trainer_variables(false);
 }
 

@@ -67,6 +67,10 @@ torch::Tensor FSDPStrategy::training_step(TrainingModule& module, Batch& batch, 
   return module.training_step(batch, batch_idx);
 }
 
+void FSDPStrategy::before_evaluation_step() {
+  for (const auto& fsdp : all_) fsdp->prepare_forward();
+}
+
 distributed::FullyShardedDataParallelBase& FSDPStrategy::wrapper_of(const torch::Tensor& parameter,
                                                                      const std::string& what) const {
   for (const auto& fsdp : all_) {

@@ -85,6 +85,7 @@ std::map<std::string, double> Trainer::run_evaluation(DataLoader& loader, Phase 
     metrics_.set_batch_size(batch.size());
     auto step = profile(phase == Phase::test ? "test_step" : "validation_step");
     run_step([&] {
+      plan_.strategy->before_evaluation_step();
       if (phase == Phase::test) {
         module_->test_step(batch, i);
       } else {

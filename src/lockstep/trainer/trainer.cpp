@@ -340,7 +340,10 @@ std::vector<torch::Tensor> Trainer::predict(const std::shared_ptr<TrainingModule
     Batch batch = loader->batch(i);
     module_->transfer_batch_to_device(batch, device);
     plan_.precision.convert_batch(batch);
-    outputs.push_back(run_step([&] { return module_->predict_step(batch, i); }));
+    outputs.push_back(run_step([&] {
+      plan_.strategy->before_evaluation_step();
+      return module_->predict_step(batch, i);
+    }));
   }
   module_->train();
   return outputs;

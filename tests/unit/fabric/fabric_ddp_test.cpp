@@ -259,7 +259,7 @@ TEST(FabricDDP, ARankThatFailsEndsTheJob) {
 TEST(FabricDDP, BadInputExitsTwoWithTheFix) {
   testing::TempDir dir("lockstep_fabric_bad");
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
-      {{"--strategy", "fsdp"}, "Use --strategy ddp"},
+      {{"--strategy", "deepspeed"}, "Use --strategy ddp"},
       {{"--devices", "two"}, "--devices 2"},
       {{"--precision", "8"}, "Use 32-true"},
       {{"--strategy", "single_device", "--devices", "2"}, "Use --strategy ddp, or --devices 1"},

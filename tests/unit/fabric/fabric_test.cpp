@@ -97,7 +97,8 @@ TEST(Fabric, SetClusterEnvironmentReplacesTheDetectedOne) {
 
 TEST(Fabric, BadOptionsAreTheTrainersUsageErrors) {
   const std::vector<std::pair<FabricOptions, std::string>> cases = {
-      {FabricOptions().strategy("fsdp"), "Use --strategy ddp"},
+      {FabricOptions().strategy("deepspeed"), "Use --strategy ddp"},
+      {FabricOptions().strategy("ddp").fsdp_sharding("SHARD_GRAD_OP"), "Add --strategy fsdp"},
       {FabricOptions().strategy("nope"), "Use auto or one of"},
       {FabricOptions().devices("two"), "--devices 2"},
       {FabricOptions().precision("8"), "Use 32-true"},

@@ -266,7 +266,7 @@ TEST_F(TrainerTest, BadSettingsAreUsageErrors) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  expect_usage(options().strategy("fsdp"), "Use --strategy ddp");
+  expect_usage(options().strategy("deepspeed"), "Use --strategy ddp");
   expect_usage(options().strategy("nope"), "not registered");
   expect_usage(options().precision("16-mixed"), "bf16-mixed");
   expect_usage(options().precision("8"), "Use 32-true");

@@ -1,0 +1,177 @@
+// --strategy fsdp run as a user runs it: examples/fashion_mnist (the Trainer) and
+// examples/fabric_loop (Fabric) with each sharding end where DDP ends after 50 Adam steps, also
+// with accumulation and clipping; their checkpoints hold whole tensors that Python reads, and a
+// run resumed from one (by FSDP, or by one process) goes on from where it was.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include <lockstep/checkpoint/checkpoint_io.h>
+
+#include "../support/command.h"
+#include "../support/paths.h"
+#include "../support/temp_dir.h"
+#include "../support/written_parameters.h"
+
+namespace lockstep {
+namespace fsdp_job_test {
+namespace {
+
+using testing::max_diff;
+using testing::run_command;
+
+const std::map<std::string, std::string> kEnv{
+    {"PATH", "/usr/bin:/bin"}, {"HOME", "/tmp"}, {"OMP_NUM_THREADS", "1"}, {"LOCKSTEP_NO_BLAS_WARNING", "1"}};
+const std::vector<std::string> kShardings{"FULL_SHARD", "SHARD_GRAD_OP", "SHARD_OPTIMIZER_STATE"};
+
+// The parameters and the optimizer's per-element state (exp_avg, exp_avg_sq) of a checkpoint, by
+// name without the Trainer's "net." prefix ("state/3/exp_avg" for the state).
+std::map<std::string, torch::Tensor> tensors_in(const std::string& path, const std::string& optimizer_key) {
+  std::map<std::string, torch::Tensor> out;
+  if (!std::filesystem::exists(path)) {
+    ADD_FAILURE() << "no checkpoint at " << path;
+    return out;
+  }
+  const auto ckpt = checkpoint::CheckpointIO().load(path);
+  for (const auto& entry : ckpt.at("state_dict").toGenericDict()) {
+    std::string name = entry.key().toStringRef();
+    if (name.rfind("net.", 0) == 0) name = name.substr(4);
+    out[name] = entry.value().toTensor();
+  }
+  auto optimizer = ckpt.at(optimizer_key);
+  if (optimizer.isList()) optimizer = optimizer.toListRef().at(0);
+  for (const auto& entry : optimizer.toGenericDict().at("state").toGenericDict()) {
+    for (const auto& item : entry.value().toGenericDict()) {
+      if (item.key().toStringRef() == "step") continue;
+      out["state/" + std::to_string(entry.key().toInt()) + "/" + item.key().toStringRef()] = item.value().toTensor();
+    }
+  }
+  return out;
+}
+
+std::string last_checkpoint(const std::string& root) {
+  std::string newest;
+  for (int v = 0; std::filesystem::exists(root + "/lockstep_logs/version_" + std::to_string(v)); ++v) {
+    newest = root + "/lockstep_logs/version_" + std::to_string(v) + "/checkpoints/last.ckpt";
+  }
+  return newest;
+}
+
+// examples/fashion_mnist into `root`; returns its last checkpoint's path.
+std::string fashion_mnist(const std::string& root, const std::vector<std::string>& extra) {
+  std::vector<std::string> argv{std::string(LOCKSTEP_BIN_DIR) + "/fashion_mnist", "--optimizer", "adam", "--lr", "0.001",
+                                "--no-shuffle", "--seed", "7", "--timeout", "60", "--default-root-dir", root,
+                                "--enable-progress-bar", "false", "--num-sanity-val-steps", "0",
+                                "--limit-val-batches", "1"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  const auto result = run_command(argv, kEnv, std::chrono::seconds(120));
+  EXPECT_EQ(result.exit_code, 0) << result.err << result.out;
+  return last_checkpoint(root);
+}
+
+class FsdpTrainer : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+// Each sharding, through the Trainer, ends within 1e-6 of DDP: parameters and Adam's moments.
+TEST_P(FsdpTrainer, EachShardingEqualsDdpAfterFiftyAdamSteps) {
+  const auto [model, ranks] = GetParam();
+  testing::TempDir dir("lockstep_fsdp_trainer");
+  const std::vector<std::string> flags{"--model", model, "--max-steps", "50", "--devices", std::to_string(ranks),
+                                       "--batch-size", std::to_string(64 / ranks)};
+  auto ddp = flags;
+  ddp.insert(ddp.end(), {"--strategy", "ddp"});
+  const auto expected = tensors_in(fashion_mnist(dir / "ddp", ddp), "optimizer_states");
+  for (const auto& sharding : kShardings) {
+    auto fsdp = flags;
+    fsdp.insert(fsdp.end(), {"--strategy", "fsdp", "--fsdp-sharding", sharding});
+    const double diff = max_diff(tensors_in(fashion_mnist(dir / sharding, fsdp), "optimizer_states"), expected);
+    std::cout << model << ", " << ranks << " ranks, " << sharding << " vs DDP: max |difference| " << diff << "\n";
+    EXPECT_LE(diff, 1e-6) << sharding;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Jobs, FsdpTrainer,
+                         ::testing::Values(std::make_tuple("mlp", 2), std::make_tuple("mlp", 4),
+                                           std::make_tuple("cnn", 2)),
+                         [](const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
+                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks";
+                         });
+
+// Accumulated batches and a clipped norm (over every rank's shard) as DDP does them.
+TEST(FsdpTrainerSteps, AccumulationAndClippingEqualDdp) {
+  testing::TempDir dir("lockstep_fsdp_accumulate");
+  const std::vector<std::string> flags{"--model", "mlp", "--max-steps", "10", "--devices", "2", "--batch-size", "16",
+                                       "--accumulate-grad-batches", "3", "--gradient-clip-val", "0.05"};
+  auto ddp = flags;
+  ddp.insert(ddp.end(), {"--strategy", "ddp"});
+  auto fsdp = flags;
+  fsdp.insert(fsdp.end(), {"--strategy", "fsdp"});
+  const double diff = max_diff(tensors_in(fashion_mnist(dir / "fsdp", fsdp), "optimizer_states"),
+                               tensors_in(fashion_mnist(dir / "ddp", ddp), "optimizer_states"));
+  std::cout << "FULL_SHARD vs DDP, accumulating 3, clipping 0.05: max |difference| " << diff << "\n";
+  EXPECT_LE(diff, 1e-6);
+}
+
+// The checkpoint holds whole tensors: FSDP resumes from it bit for bit, one process resumes from
+// it, and Python's torch.load reads it with the model's shapes.
+TEST(FsdpTrainerSteps, TheCheckpointResumesUnderFsdpAndInOneProcess) {
+  testing::TempDir dir("lockstep_fsdp_resume");
+  const std::vector<std::string> flags{"--model", "mlp", "--batch-size", "32", "--devices", "2", "--strategy", "fsdp",
+                                       "--limit-train-batches", "5"};
+  auto whole = flags;
+  whole.insert(whole.end(), {"--max-epochs", "3"});
+  const auto uninterrupted = tensors_in(fashion_mnist(dir / "whole", whole), "optimizer_states");
+  auto half = flags;
+  half.insert(half.end(), {"--max-epochs", "1"});
+  const auto halfway_path = fashion_mnist(dir / "parts", half);
+  const auto halfway = tensors_in(halfway_path, "optimizer_states");
+  auto rest = flags;
+  rest.insert(rest.end(), {"--max-epochs", "3", "--ckpt-path", "last"});
+  const auto resumed = tensors_in(fashion_mnist(dir / "parts", rest), "optimizer_states");
+  EXPECT_GT(max_diff(halfway, resumed), 1e-4) << "the resumed run must have trained on";
+  EXPECT_EQ(max_diff(uninterrupted, resumed), 0.0);
+
+  const auto one = fashion_mnist(dir / "one", {"--model", "mlp", "--batch-size", "64", "--devices", "1",
+                                               "--limit-train-batches", "5", "--max-epochs", "2", "--ckpt-path",
+                                               halfway_path});
+  EXPECT_GT(max_diff(halfway, tensors_in(one, "optimizer_states")), 1e-4) << "one process must have trained on";
+
+  const auto python = run_command(
+      {testing::test_python(), "-c",
+       "import sys, torch\n"
+       "c = torch.load(sys.argv[1])\n"
+       "print(tuple(c['state_dict']['net.fc1.weight'].shape),"
+       " tuple(c['optimizer_states'][0]['state'][0]['exp_avg'].shape))\n",
+       halfway_path},
+      kEnv, std::chrono::seconds(60));
+  EXPECT_EQ(python.exit_code, 0) << python.err;
+  EXPECT_NE(python.out.find("(512, 784) (512, 784)"), std::string::npos) << python.out;
+}
+
+// examples/fabric_loop: the same loop under --strategy fsdp ends where it ends under ddp.
+TEST(FsdpFabric, TheLoopEqualsDdpWithAccumulationAndClipping) {
+  testing::TempDir dir("lockstep_fsdp_fabric");
+  const auto run = [&](const std::string& root, const std::string& strategy) {
+    std::vector<std::string> argv{std::string(LOCKSTEP_BIN_DIR) + "/fabric_loop", "--model", "mlp", "--optimizer",
+                                  "adam", "--lr", "0.001", "--no-shuffle", "--seed", "7", "--timeout", "60",
+                                  "--default-root-dir", root, "--max-steps", "20", "--devices", "2",
+                                  "--batch-size", "16", "--accumulate-grad-batches", "2", "--gradient-clip-val",
+                                  "0.05", "--strategy", strategy};
+    const auto result = run_command(argv, kEnv, std::chrono::seconds(120));
+    EXPECT_EQ(result.exit_code, 0) << result.err << result.out;
+    return tensors_in(root + "/checkpoints/last.ckpt", "optimizer");
+  };
+  const double diff = max_diff(run(dir / "fsdp", "fsdp"), run(dir / "ddp", "ddp"));
+  std::cout << "fabric_loop, FULL_SHARD vs DDP, 20 steps: max |difference| " << diff << "\n";
+  EXPECT_LE(diff, 1e-6);
+}
+
+}  // namespace
+}  // namespace fsdp_job_test
+}  // namespace lockstep

@@ -1,0 +1,102 @@
+// FSDPStrategy as the connector makes it from --strategy fsdp and the --fsdp-* flags, on 2 ranks
+// run as threads: the flags reach the wrapper, the optimizers it cannot step are refused, and the
+// state it gives checkpoints is whole and loads back into the shards.
+#include <lockstep/strategies/fsdp_strategy.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <lockstep/core/error.h>
+#include <lockstep/plan/connector.h>
+
+#include "../../support/plan_ranks.h"
+
+namespace lockstep {
+namespace fsdp_strategy_test {
+namespace {
+
+using testing::run_plan_ranks;
+
+PlanOptions fsdp_ranks() { return PlanOptions().accelerator("cpu").devices("2").strategy("fsdp").timeout(20); }
+
+torch::nn::Sequential model() {
+  torch::manual_seed(5);
+  return torch::nn::Sequential(torch::nn::Linear(6, 40), torch::nn::ReLU(), torch::nn::Linear(40, 3));
+}
+
+TEST(FSDPStrategyFlags, TheShardingAndTheUnitsReachTheWrapper) {
+  std::vector<torch::nn::Sequential> models{model(), model()};
+  run_plan_ranks(2, fsdp_ranks().fsdp_sharding("shard_grad_op").fsdp_auto_wrap_min_params(200), [&](ExecutionPlan& plan) {
+    auto& fsdp = dynamic_cast<strategies::FSDPStrategy&>(*plan.strategy);
+    fsdp.setup_module(models[plan.strategy->global_rank()].ptr());
+    EXPECT_EQ(fsdp.fsdp()->options().sharding_strategy(), distributed::ShardingStrategy::shard_grad_op);
+    EXPECT_EQ(fsdp.fsdp()->unit_count(), 2u) << "the 280-parameter Linear is a unit, the 123-parameter one is not";
+  });
+}
+
+TEST(FSDPStrategyOptimizers, LbfgsAndAnOptimizerWithStateAreRefused) {
+  std::vector<torch::nn::Sequential> models{model(), model()};
+  run_plan_ranks(2, fsdp_ranks(), [&](ExecutionPlan& plan) {
+    auto& net = models[plan.strategy->global_rank()];
+    torch::optim::Adam stepped(net->parameters(), 0.01);
+    net->forward(torch::ones({2, 6})).sum().backward();
+    stepped.step();
+    plan.strategy->setup_module(net.ptr());
+    torch::optim::LBFGS lbfgs(net->parameters());
+    try {
+      plan.strategy->check_optimizer(lbfgs);
+      ADD_FAILURE() << "LBFGS was accepted";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("cannot step LBFGS"), std::string::npos) << e.what();
+    }
+    try {
+      plan.strategy->check_optimizer(stepped);
+      ADD_FAILURE() << "an optimizer with whole-parameter state was accepted";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("already has state"), std::string::npos) << e.what();
+    }
+    EXPECT_NO_THROW(plan.strategy->check_optimizer(torch::optim::Adam(net->parameters(), 0.01)));
+  });
+}
+
+// The checkpoint state is whole on every rank, equal to the sharded training's parameters and
+// Adam's moments; loading it back restores both after they changed.
+TEST(FSDPStrategyState, WholeStateRoundTripsThroughTheShards) {
+  std::vector<torch::nn::Sequential> models{model(), model()};
+  run_plan_ranks(2, fsdp_ranks(), [&](ExecutionPlan& plan) {
+    auto& strategy = *plan.strategy;
+    auto& net = models[strategy.global_rank()];
+    auto wrapped = strategy.setup_module(net.ptr());
+    torch::optim::Adam opt(net->parameters(), 0.01);
+    const auto step = [&] {
+      wrapped->before_forward();
+      net->forward(torch::full({4, 6}, strategy.global_rank() + 1.0)).pow(2).sum().backward();
+      opt.step();
+      opt.zero_grad();
+    };
+    step();
+    const auto params = strategy.module_state_dict(*net);
+    const auto moments = strategy.optimizer_state_dict(opt);
+    EXPECT_EQ(params.at("0.weight").sizes(), (std::vector<int64_t>{40, 6}));
+    const auto exp_avg = moments.at("state").toGenericDict().at(int64_t{0}).toGenericDict().at("exp_avg").toTensor();
+    EXPECT_EQ(exp_avg.sizes(), (std::vector<int64_t>{40, 6}));
+    step();
+    c10::impl::GenericDict generic(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& item : params) generic.insert(item.key(), item.value().clone());
+    strategy.load_module_state_dict(*net, generic);
+    strategy.load_optimizer_state_dict(opt, moments);
+    const auto back = strategy.module_state_dict(*net);
+    for (const auto& item : params) EXPECT_TRUE(back.at(item.key()).equal(item.value())) << item.key();
+    const auto moments_back = strategy.optimizer_state_dict(opt);
+    EXPECT_TRUE(moments_back.at("state").toGenericDict().at(int64_t{0}).toGenericDict().at("exp_avg").toTensor().equal(
+        exp_avg));
+  });
+}
+
+}  // namespace
+}  // namespace fsdp_strategy_test
+}  // namespace lockstep
