@@ -3,6 +3,7 @@
 /// Lightning's FSDPStrategy. `--fsdp-sharding` picks FULL_SHARD (default), SHARD_GRAD_OP,
 /// SHARD_OPTIMIZER_STATE (ZeRO-1) or NO_SHARD; `--fsdp-auto-wrap-min-params` the units.
 
+#include <cmath>
 #include <map>
 #include <memory>
 #include <string>
@@ -30,6 +31,10 @@ class FSDPStrategy : public DDPStrategy {
   void set_gradient_sync(bool enabled) override {}
 
   double clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm, double norm_type) override;
+  /// clip_grad_norm with an infinite max_norm, which clips nothing.
+  double gradient_norm(const std::vector<torch::Tensor>& parameters, double norm_type) override {
+    return clip_grad_norm(parameters, INFINITY, norm_type);
+  }
   void check_optimizer(const torch::optim::Optimizer& optimizer) const override;
   bool shards_state() const override { return true; }
   c10::Dict<std::string, torch::Tensor> module_state_dict(const torch::nn::Module& module) override;

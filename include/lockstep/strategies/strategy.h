@@ -86,6 +86,9 @@ class Strategy {
   /// `max_norm`; returns the norm before clipping. Here torch::nn::utils::clip_grad_norm_; a
   /// sharded strategy takes the norm over every rank's shards.
   virtual double clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm, double norm_type);
+  /// The total norm of the gradients of `parameters` (order `norm_type`), changing nothing; over
+  /// every rank's shards under a sharded strategy.
+  virtual double gradient_norm(const std::vector<torch::Tensor>& parameters, double norm_type);
   /// Throws UsageError for an optimizer this strategy cannot step right (called when optimizers
   /// are set up).
   virtual void check_optimizer(const torch::optim::Optimizer& optimizer) const {}

@@ -140,8 +140,7 @@ torch::Tensor Fabric::clip_gradients(FabricOptimizer& optimizer, double max_norm
   optimizer.unscale();
   const auto params = optimizer.parameters();
   if (error_if_nonfinite) {
-    // The norm over every rank's gradients (an infinite max_norm clips nothing).
-    const double total = strategy().clip_grad_norm(params, INFINITY, norm_type);
+    const double total = strategy().gradient_norm(params, norm_type);
     if (!std::isfinite(total)) {
       throw Error(ErrorKind::training,
                   detail::concat("Fabric::clip_gradients: the total norm of the gradients (order ", norm_type, ") is ",

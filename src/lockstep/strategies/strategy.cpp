@@ -19,6 +19,14 @@ double Strategy::clip_grad_norm(const std::vector<torch::Tensor>& parameters, do
   return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
 }
 
+double Strategy::gradient_norm(const std::vector<torch::Tensor>& parameters, double norm_type) {
+  std::vector<torch::Tensor> norms;
+  for (const auto& p : parameters) {
+    if (p.grad().defined()) norms.push_back(p.grad().detach().norm(norm_type).to(torch::kFloat64).cpu());
+  }
+  return norms.empty() ? 0.0 : torch::stack(norms).norm(norm_type).item<double>();
+}
+
 c10::Dict<std::string, torch::Tensor> Strategy::module_state_dict(const torch::nn::Module& module) {
   return checkpoint::state_dict(module);
 }
