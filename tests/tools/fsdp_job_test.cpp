@@ -217,6 +217,25 @@ TEST(FsdpShardedCheckpoint, ResumesOnFourRanksAndInOneProcess) {
   EXPECT_LE(single, 1e-6);
 }
 
+// A sharded run resumes from a full file as a full run does: the same numbers, bit for bit.
+TEST(FsdpShardedCheckpoint, ResumesFromAFullFileAsAFullRunDoes) {
+  testing::TempDir dir("lockstep_fsdp_sharded_from_full");
+  const std::vector<std::string> flags{"--model", "mlp", "--batch-size", "32", "--devices", "2", "--strategy", "fsdp",
+                                       "--limit-train-batches", "3"};
+  auto first = flags;
+  first.insert(first.end(), {"--max-epochs", "1"});
+  const auto full = fashion_mnist(dir / "first", first);
+  ASSERT_FALSE(checkpoint::is_sharded_checkpoint(full));
+  const auto resume = [&](const std::string& root, const std::string& type) {
+    auto rest = flags;
+    rest.insert(rest.end(), {"--max-epochs", "2", "--ckpt-path", full, "--fsdp-state-dict-type", type});
+    return tensors_in(fashion_mnist(root, rest), "optimizer_states");
+  };
+  const auto sharded = resume(dir / "sharded", "sharded");
+  EXPECT_GT(max_diff(tensors_in(full, "optimizer_states"), sharded), 1e-4) << "the resumed run must have trained on";
+  EXPECT_EQ(max_diff(resume(dir / "full", "full"), sharded), 0.0);
+}
+
 // A damaged rank file stops the resumed run with exit code 2, naming the file.
 TEST(FsdpShardedCheckpoint, ADamagedRankFileExitsTwoNamingIt) {
   testing::TempDir dir("lockstep_fsdp_sharded_damaged");
