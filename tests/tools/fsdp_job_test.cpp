@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include <lockstep/checkpoint/checkpoint_io.h>
+#include <lockstep/checkpoint/sharded_checkpoint.h>
 
 #include "../support/command.h"
 #include "../support/paths.h"
@@ -32,14 +33,17 @@ const std::map<std::string, std::string> kEnv{
 const std::vector<std::string> kShardings{"FULL_SHARD", "SHARD_GRAD_OP", "SHARD_OPTIMIZER_STATE"};
 
 // The parameters and the optimizer's per-element state (exp_avg, exp_avg_sq) of a checkpoint, by
-// name without the Trainer's "net." prefix ("state/3/exp_avg" for the state).
+// name without the Trainer's "net." prefix ("state/3/exp_avg" for the state). A sharded
+// checkpoint directory is read whole.
 std::map<std::string, torch::Tensor> tensors_in(const std::string& path, const std::string& optimizer_key) {
   std::map<std::string, torch::Tensor> out;
   if (!std::filesystem::exists(path)) {
     ADD_FAILURE() << "no checkpoint at " << path;
     return out;
   }
-  const auto ckpt = checkpoint::CheckpointIO().load(path);
+  const auto ckpt = checkpoint::is_sharded_checkpoint(path)
+                        ? checkpoint::to_full_checkpoint(checkpoint::load_sharded(path))
+                        : checkpoint::CheckpointIO().load(path);
   for (const auto& entry : ckpt.at("state_dict").toGenericDict()) {
     std::string name = entry.key().toStringRef();
     if (name.rfind("net.", 0) == 0) name = name.substr(4);
@@ -152,6 +156,107 @@ TEST(FsdpTrainerSteps, TheCheckpointResumesUnderFsdpAndInOneProcess) {
       kEnv, std::chrono::seconds(60));
   EXPECT_EQ(python.exit_code, 0) << python.err;
   EXPECT_NE(python.out.find("(512, 784) (512, 784)"), std::string::npos) << python.out;
+}
+
+// --fsdp-state-dict-type sharded: each rank writes its pieces into a directory; resuming from it
+// on the same world size is bit for bit the uninterrupted run (parameters and Adam's moments).
+TEST(FsdpShardedCheckpoint, ResumesOnTwoRanksBitForBit) {
+  testing::TempDir dir("lockstep_fsdp_sharded_resume");
+  const std::vector<std::string> flags{"--model", "mlp", "--batch-size", "32", "--devices", "2", "--strategy", "fsdp",
+                                       "--fsdp-state-dict-type", "sharded", "--limit-train-batches", "5"};
+  auto whole = flags;
+  whole.insert(whole.end(), {"--max-epochs", "3"});
+  const auto uninterrupted_path = fashion_mnist(dir / "whole", whole);
+  EXPECT_TRUE(checkpoint::is_sharded_checkpoint(uninterrupted_path)) << uninterrupted_path;
+  EXPECT_TRUE(std::filesystem::exists(uninterrupted_path + "/rank_1.ckpt"));
+  const auto uninterrupted = tensors_in(uninterrupted_path, "optimizer_states");
+  auto half = flags;
+  half.insert(half.end(), {"--max-epochs", "1"});
+  const auto halfway = tensors_in(fashion_mnist(dir / "parts", half), "optimizer_states");
+  auto rest = flags;
+  rest.insert(rest.end(), {"--max-epochs", "3", "--ckpt-path", "last"});
+  const auto resumed = tensors_in(fashion_mnist(dir / "parts", rest), "optimizer_states");
+  EXPECT_GT(max_diff(halfway, resumed), 1e-4) << "the resumed run must have trained on";
+  EXPECT_EQ(max_diff(uninterrupted, resumed), 0.0);
+  // ModelCheckpoint keeps one top-k checkpoint: the directories it replaced are gone.
+  size_t kept = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(uninterrupted_path).parent_path())) {
+    kept += entry.path().filename() != "last.ckpt";
+  }
+  EXPECT_EQ(kept, 1u);
+}
+
+// The directory of 2 ranks resumes on 4 ranks (each reads its pieces of the new layout) and in one
+// process (read whole): one more epoch on the same global batch ends where 2 ranks end.
+TEST(FsdpShardedCheckpoint, ResumesOnFourRanksAndInOneProcess) {
+  testing::TempDir dir("lockstep_fsdp_sharded_reshard");
+  const std::vector<std::string> common{"--model", "mlp", "--limit-train-batches", "5", "--fsdp-state-dict-type",
+                                        "sharded", "--strategy", "fsdp"};
+  const auto run = [&](const std::string& root, std::vector<std::string> flags) {
+    flags.insert(flags.end(), common.begin(), common.end());
+    return fashion_mnist(root, flags);
+  };
+  const auto saved = run(dir / "two", {"--batch-size", "32", "--devices", "2", "--max-epochs", "1"});
+  const auto halfway = tensors_in(saved, "optimizer_states");
+  const auto on_two = tensors_in(
+      run(dir / "two", {"--batch-size", "32", "--devices", "2", "--max-epochs", "2", "--ckpt-path", "last"}),
+      "optimizer_states");
+  const auto on_four = tensors_in(
+      run(dir / "four", {"--batch-size", "16", "--devices", "4", "--max-epochs", "2", "--ckpt-path", saved}),
+      "optimizer_states");
+  const auto one = fashion_mnist(dir / "one", {"--model", "mlp", "--limit-train-batches", "5", "--batch-size", "64",
+                                               "--devices", "1", "--max-epochs", "2", "--ckpt-path", saved});
+  const auto in_one = tensors_in(one, "optimizer_states");
+  EXPECT_FALSE(checkpoint::is_sharded_checkpoint(one)) << "one process writes whole files";
+  EXPECT_GT(max_diff(halfway, on_two), 1e-4) << "the resumed run must have trained on";
+  const double four = max_diff(on_four, on_two);
+  const double single = max_diff(in_one, on_two);
+  std::cout << "resumed from 2 ranks' sharded checkpoint, one epoch on: 4 ranks vs 2: " << four
+            << ", one process vs 2: " << single << "\n";
+  EXPECT_LE(four, 1e-6);
+  EXPECT_LE(single, 1e-6);
+}
+
+// A sharded run resumes from a full file as a full run does: the same numbers, bit for bit.
+TEST(FsdpShardedCheckpoint, ResumesFromAFullFileAsAFullRunDoes) {
+  testing::TempDir dir("lockstep_fsdp_sharded_from_full");
+  const std::vector<std::string> flags{"--model", "mlp", "--batch-size", "32", "--devices", "2", "--strategy", "fsdp",
+                                       "--limit-train-batches", "3"};
+  auto first = flags;
+  first.insert(first.end(), {"--max-epochs", "1"});
+  const auto full = fashion_mnist(dir / "first", first);
+  ASSERT_FALSE(checkpoint::is_sharded_checkpoint(full));
+  const auto resume = [&](const std::string& root, const std::string& type) {
+    auto rest = flags;
+    rest.insert(rest.end(), {"--max-epochs", "2", "--ckpt-path", full, "--fsdp-state-dict-type", type});
+    return tensors_in(fashion_mnist(root, rest), "optimizer_states");
+  };
+  const auto sharded = resume(dir / "sharded", "sharded");
+  EXPECT_GT(max_diff(tensors_in(full, "optimizer_states"), sharded), 1e-4) << "the resumed run must have trained on";
+  EXPECT_EQ(max_diff(resume(dir / "full", "full"), sharded), 0.0);
+}
+
+// A damaged rank file stops the resumed run with exit code 2, naming the file.
+TEST(FsdpShardedCheckpoint, ADamagedRankFileExitsTwoNamingIt) {
+  testing::TempDir dir("lockstep_fsdp_sharded_damaged");
+  const std::vector<std::string> flags{"--model", "mlp", "--batch-size", "32", "--devices", "2", "--strategy", "fsdp",
+                                       "--fsdp-state-dict-type", "sharded", "--limit-train-batches", "2",
+                                       "--max-epochs", "1"};
+  const auto saved = fashion_mnist(dir / "saved", flags);
+  std::filesystem::resize_file(saved + "/rank_1.ckpt", 1000);
+  std::vector<std::string> argv{std::string(LOCKSTEP_BIN_DIR) + "/fashion_mnist", "--timeout", "30",
+                                "--default-root-dir", dir / "resumed", "--enable-progress-bar", "false",
+                                "--max-epochs", "2", "--ckpt-path", saved};
+  argv.insert(argv.end(), flags.begin(), flags.end() - 2);
+  const auto result = run_command(argv, kEnv, std::chrono::seconds(60));
+  EXPECT_EQ(result.exit_code, 2) << result.err;
+  EXPECT_NE(result.err.find(saved + "/rank_1.ckpt' is damaged"), std::string::npos) << result.err;
+  // One process reads every rank file: the same message.
+  const auto one = run_command({std::string(LOCKSTEP_BIN_DIR) + "/fashion_mnist", "--model", "mlp",
+                                "--default-root-dir", dir / "one", "--max-epochs", "2", "--ckpt-path", saved},
+                               kEnv, std::chrono::seconds(60));
+  EXPECT_EQ(one.exit_code, 2) << one.err;
+  EXPECT_NE(one.err.find("rank_1.ckpt' is damaged"), std::string::npos) << one.err;
 }
 
 // examples/fabric_loop: the same loop under --strategy fsdp ends where it ends under ddp.

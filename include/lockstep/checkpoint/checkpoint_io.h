@@ -53,7 +53,8 @@ class CheckpointIO {
   /// file, a truncated or corrupt one, and one that is not a checkpoint dict.
   virtual Checkpoint load(const std::string& path) const;
 
-  /// Deletes the checkpoint at `path`; a missing file is not an error, one that stays is an IoError.
+  /// Deletes the checkpoint at `path` (a file, or a sharded checkpoint's directory with all it
+  /// holds); a missing one is not an error, one that stays is an IoError.
   virtual void remove(const std::string& path) const;
 };
 

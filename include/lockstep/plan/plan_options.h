@@ -57,6 +57,11 @@ struct PlanOptions {
   /// many parameters is gathered only around its own forward and backward; 0: the whole model
   /// is one unit. Default: 0.
   TORCH_ARG(int64_t, fsdp_auto_wrap_min_params) = 0;
+  /// With --strategy fsdp, how the Trainer saves checkpoints: "full" (whole tensors gathered from
+  /// every rank, one file that Python and any strategy load) or "sharded" (a directory with each
+  /// rank's pieces; see checkpoint/sharded_checkpoint.h), as Lightning's FSDPStrategy
+  /// state_dict_type. Default: "full".
+  TORCH_ARG(std::string, fsdp_state_dict_type) = "full";
   /// Whether the Trainer or Fabric, when made, gives every field still at its default the value
   /// of its LOCKSTEP_TRAINER_<FIELD> variable (LOCKSTEP_TRAINER_DEVICES=2), as Lightning 2.x's
   /// PL_TRAINER_* do: a value set in code wins over the variable. cli::add_plan_flags sets it
@@ -90,6 +95,7 @@ struct PlanOptionsOf : PlanOptions {
   LOCKSTEP_PLAN_OPTION(max_restarts)
   LOCKSTEP_PLAN_OPTION(fsdp_sharding)
   LOCKSTEP_PLAN_OPTION(fsdp_auto_wrap_min_params)
+  LOCKSTEP_PLAN_OPTION(fsdp_state_dict_type)
   LOCKSTEP_PLAN_OPTION(trainer_variables)
 #undef LOCKSTEP_PLAN_OPTION
 };

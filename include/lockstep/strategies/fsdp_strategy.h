@@ -1,7 +1,8 @@
 #pragma once
 /// FSDPStrategy (`--strategy fsdp`): sharded data parallel through FullyShardedDataParallel, as
 /// Lightning's FSDPStrategy. `--fsdp-sharding` picks FULL_SHARD (default), SHARD_GRAD_OP,
-/// SHARD_OPTIMIZER_STATE (ZeRO-1) or NO_SHARD; `--fsdp-auto-wrap-min-params` the units.
+/// SHARD_OPTIMIZER_STATE (ZeRO-1) or NO_SHARD; `--fsdp-auto-wrap-min-params` the units;
+/// `--fsdp-state-dict-type` whether checkpoints are whole files or sharded directories.
 
 #include <cmath>
 #include <map>
@@ -9,19 +10,34 @@
 #include <string>
 #include <vector>
 
+#include <lockstep/checkpoint/sharded_checkpoint.h>
 #include <lockstep/distributed/sharding/fully_sharded.h>
 #include <lockstep/strategies/ddp_strategy.h>
 
 namespace lockstep {
 namespace strategies {
 
+/// How FSDPStrategy saves the Trainer's checkpoints (Lightning's state_dict_type).
+enum class StateDictType {
+  /// Whole tensors gathered from every rank; rank 0 writes one file (Python, one process and DDP
+  /// load it).
+  full,
+  /// A directory with each rank's pieces and metadata.json (checkpoint/sharded_checkpoint.h):
+  /// nothing is gathered; it resumes on any world size, and one process or DDP loads it whole.
+  sharded,
+};
+
+/// "full" or "sharded" (case-insensitive); anything else throws UsageError listing them.
+StateDictType parse_state_dict_type(const std::string& name);
+
 /// Processes, launch and collectives as DDPStrategy; each module set up is wrapped in its own
 /// FullyShardedDataParallel. Gradients are reduced on every backward and accumulate in the
 /// shards, so accumulating batches (set_gradient_sync(false)) still communicate. Checkpoints
-/// hold whole tensors, gathered from every rank: they load in Python, in one process and in DDP.
+/// (StateDictType): whole tensors gathered from every rank, which load in Python, in one process
+/// and in DDP (default); or sharded directories, each rank writing its pieces. Either resumes.
 class FSDPStrategy : public DDPStrategy {
  public:
-  explicit FSDPStrategy(distributed::ShardingOptions options = {});
+  explicit FSDPStrategy(distributed::ShardingOptions options = {}, StateDictType state_dict_type = StateDictType::full);
 
   std::shared_ptr<WrappedModule> setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
   void teardown() override;
@@ -41,8 +57,18 @@ class FSDPStrategy : public DDPStrategy {
   void load_module_state_dict(torch::nn::Module& module, const c10::impl::GenericDict& state, bool strict) override;
   c10::impl::GenericDict optimizer_state_dict(const torch::optim::Optimizer& optimizer) override;
   void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::impl::GenericDict& state) override;
+  bool saves_pieces() const override { return state_dict_type_ == StateDictType::sharded; }
+  /// Sharded: every rank writes its pieces into the directory `path`, rank 0 commits it (a collective).
+  void save_checkpoint(const checkpoint::Checkpoint& state, const std::string& path, const checkpoint::CheckpointIO& io,
+                       const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers) override;
+  /// Sharded: a sharded directory gives only this rank's pieces (of the layout of this world
+  /// size, whatever the world size that saved it); a full file loads whole and is cut here.
+  checkpoint::Checkpoint load_checkpoint(const std::string& path, const checkpoint::CheckpointIO& io,
+                                         const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers) override;
 
   distributed::ShardingOptions& sharding_options() { return options_; }
+  StateDictType state_dict_type() const { return state_dict_type_; }
+  void state_dict_type(StateDictType type) { state_dict_type_ = type; }
   /// The wrapper of the module set up last (null before setup_module).
   const std::shared_ptr<distributed::FullyShardedDataParallelBase>& fsdp() const { return fsdp_; }
 
@@ -50,7 +76,15 @@ class FSDPStrategy : public DDPStrategy {
   /// The wrapper whose module holds `parameter`, or UsageError naming what was asked.
   distributed::FullyShardedDataParallelBase& wrapper_of(const torch::Tensor& parameter, const std::string& what) const;
 
+  /// For a sharded save or load: where this rank's piece of a checkpoint's tensor lies, by its key
+  /// ("state_dict/fc1.weight", "optimizer_states/0/state/3/exp_avg"); buffers are not sharded.
+  /// UsageError naming `path` and the key for one this run has no tensor for.
+  distributed::FullyShardedDataParallelBase::PieceInfo locate(
+      const std::string& key, const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers,
+      const std::string& path) const;
+
   distributed::ShardingOptions options_;
+  StateDictType state_dict_type_;
   std::shared_ptr<distributed::FullyShardedDataParallelBase> fsdp_;
   std::vector<std::shared_ptr<distributed::FullyShardedDataParallelBase>> all_;
 };

@@ -14,6 +14,7 @@
 #include <torch/types.h>
 
 #include <lockstep/accelerators/device_parser.h>
+#include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/core/batch.h>
 #include <lockstep/distributed/collectives.h>
 #include <lockstep/launchers/launcher.h>
@@ -105,6 +106,21 @@ class Strategy {
   virtual c10::impl::GenericDict optimizer_state_dict(const torch::optim::Optimizer& optimizer);
   /// Loads a state from optimizer_state_dict() (also one saved by another strategy).
   virtual void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::impl::GenericDict& state);
+  /// Whether module_state_dict and optimizer_state_dict give this rank's pieces, which only
+  /// save_checkpoint can write (FSDP with state_dict_type sharded); false: whole tensors.
+  virtual bool saves_pieces() const { return false; }
+  /// Writes the Trainer's checkpoint `state`, made with the hooks above (`optimizers`: those of
+  /// its "optimizer_states", in order), to `path`. Called where `state` was made: on every rank
+  /// where shards_state(), else on rank 0; the caller's barrier follows. Here rank 0 writes one
+  /// file with `io`; a strategy that saves pieces writes a sharded checkpoint directory.
+  virtual void save_checkpoint(const checkpoint::Checkpoint& state, const std::string& path,
+                               const checkpoint::CheckpointIO& io,
+                               const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers);
+  /// Reads the checkpoint at `path` for the load hooks above: a file with `io`, or a sharded
+  /// checkpoint directory (of any world size) put back together whole. Throws UsageError naming
+  /// the path for a missing or damaged one.
+  virtual checkpoint::Checkpoint load_checkpoint(const std::string& path, const checkpoint::CheckpointIO& io,
+                                                 const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers);
 
   // Ranks and collectives (trivial with one process).
   /// The ranks' process group once set up; null for one process.

@@ -226,7 +226,12 @@ Checkpoint CheckpointIO::load(const std::string& path) const {
 
 void CheckpointIO::remove(const std::string& path) const {
   std::error_code error;
-  fs::remove(path, error);
+  std::error_code ignored;
+  if (fs::is_directory(path, ignored)) {
+    fs::remove_all(path, error);
+  } else {
+    fs::remove(path, error);
+  }
   if (error) {
     throw IoError("removing checkpoint", path, error,
                   "Check that its folder is writable: removing a file needs write permission on the folder.");

@@ -68,6 +68,9 @@ void Fabric::launch() {
   plan_ = lockstep::launch(resolve_plan(options_, environments::Environ::from_process(), user_strategy_,
                                         accelerators::cuda_device_count(), accelerators::probe_cuda_device,
                                         user_environment_));
+  LOCKSTEP_CHECK(!plan_->strategy->saves_pieces(), UsageError,
+                 "--fsdp-state-dict-type sharded is for the Trainer's checkpoints; Fabric::save writes whole "
+                 "tensors gathered from every rank. Drop --fsdp-state-dict-type (or give full).");
   if (plan_->precision.scales_loss()) {
     LOCKSTEP_CHECK(!plan_->strategy->shards_state(), UsageError, "--precision ", plan_->precision.name(),
                    " scales the loss, and its check for inf gradients would see only this rank's shard under "

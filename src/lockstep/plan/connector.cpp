@@ -149,8 +149,11 @@ void apply_sharding_options(const PlanOptions& o, strategies::Strategy& strategy
   const PlanOptions d;
   const bool sharding_set = o.fsdp_sharding() != d.fsdp_sharding();
   const bool units_set = o.fsdp_auto_wrap_min_params() != d.fsdp_auto_wrap_min_params();
+  const bool state_set = o.fsdp_state_dict_type() != d.fsdp_state_dict_type();
   auto* fsdp = dynamic_cast<strategies::FSDPStrategy*>(&strategy);
   if (!fsdp) {
+    LOCKSTEP_CHECK(!state_set, UsageError, "--fsdp-state-dict-type ", o.fsdp_state_dict_type(),
+                   " is for --strategy fsdp, but the strategy is ", strategy.name(), ". Add --strategy fsdp, or drop it.");
     LOCKSTEP_CHECK(!sharding_set && !units_set, UsageError, sharding_set ? "--fsdp-sharding " : "",
                    sharding_set ? o.fsdp_sharding() : "", sharding_set && units_set ? " and " : "",
                    units_set ? "--fsdp-auto-wrap-min-params " + std::to_string(o.fsdp_auto_wrap_min_params()) : "",
@@ -168,6 +171,13 @@ void apply_sharding_options(const PlanOptions& o, strategies::Strategy& strategy
   LOCKSTEP_CHECK(o.fsdp_auto_wrap_min_params() >= 0, UsageError, "--fsdp-auto-wrap-min-params ",
                  o.fsdp_auto_wrap_min_params(), " is negative; give 0 (one unit) or a parameter count.");
   if (units_set) fsdp->sharding_options().auto_wrap_min_params(o.fsdp_auto_wrap_min_params());
+  if (state_set) {
+    try {
+      fsdp->state_dict_type(strategies::parse_state_dict_type(o.fsdp_state_dict_type()));
+    } catch (const UsageError& e) {
+      throw UsageError("--fsdp-state-dict-type: " + message_of(e));
+    }
+  }
 }
 
 // Options that change nothing in this run: a note on rank 0, where Lightning would warn.

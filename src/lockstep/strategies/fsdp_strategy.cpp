@@ -1,5 +1,7 @@
 #include <lockstep/strategies/fsdp_strategy.h>
 
+#include <algorithm>
+#include <cctype>
 #include <set>
 #include <unordered_map>
 
@@ -40,10 +42,27 @@ std::vector<torch::Tensor> parameters_of(const torch::optim::Optimizer& optimize
   return params;
 }
 
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
 }  // namespace
 
-FSDPStrategy::FSDPStrategy(distributed::ShardingOptions options)
-    : DDPStrategy(distributed::DDPOptions(), "popen", "fsdp"), options_(std::move(options)) {}
+StateDictType parse_state_dict_type(const std::string& name) {
+  std::string lower = name;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (lower == "full") return StateDictType::full;
+  if (lower == "sharded") return StateDictType::sharded;
+  throw UsageError("unknown state dict type '" + name + "'; use full (one file, whole tensors) or sharded (a "
+                   "directory of each rank's pieces).");
+}
+
+FSDPStrategy::FSDPStrategy(distributed::ShardingOptions options, StateDictType state_dict_type)
+    : DDPStrategy(distributed::DDPOptions(), "popen", "fsdp"),
+      options_(std::move(options)),
+      state_dict_type_(state_dict_type) {}
 
 std::shared_ptr<WrappedModule> FSDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
   LOCKSTEP_CHECK(!context_.sync_batchnorm, UsageError,
@@ -107,6 +126,12 @@ void FSDPStrategy::check_optimizer(const torch::optim::Optimizer& optimizer) con
 c10::Dict<std::string, torch::Tensor> FSDPStrategy::module_state_dict(const torch::nn::Module& module) {
   for (const auto& fsdp : all_) {
     if (fsdp->base_module().get() != &module) continue;
+    if (saves_pieces()) {
+      // This rank's pieces (1-D), for save_checkpoint; buffers as they are.
+      auto state = checkpoint::state_dict(module);
+      for (const auto& item : module.named_parameters()) state.insert_or_assign(item.key(), fsdp->local_piece(item.value()));
+      return state;
+    }
     std::unordered_map<std::string, torch::Tensor> whole;
     for (auto& item : fsdp->full_state_dict()) whole.emplace(item.first, item.second);
     auto state = checkpoint::state_dict(module);  // Python's order of names
@@ -120,9 +145,30 @@ void FSDPStrategy::load_module_state_dict(torch::nn::Module& module, const c10::
                                           bool strict) {
   for (const auto& fsdp : all_) {
     if (fsdp->base_module().get() != &module) continue;
-    std::vector<std::pair<std::string, torch::Tensor>> values;
     std::set<std::string> known;
     for (const auto& item : checkpoint::state_dict(module)) known.insert(item.key());
+    if (saves_pieces()) {
+      // Pieces (from a sharded checkpoint) or whole tensors (from a full one), cut here.
+      std::map<std::string, torch::Tensor> pieces;
+      const auto params = module.named_parameters();
+      for (const auto& item : state) {
+        const auto name = item.key().toStringRef();
+        if (!known.count(name)) {
+          LOCKSTEP_CHECK(!strict, UsageError, "the state has '", name, "', which the module does not.");
+          continue;
+        }
+        LOCKSTEP_CHECK(item.value().isTensor(), UsageError, "the state's '", name, "' is not a tensor.");
+        auto value = item.value().toTensor();
+        if (const auto* p = params.find(name)) {
+          const auto info = fsdp->piece_info(*p);
+          if (info.sharded && value.sizes().vec() == info.shape) value = value.reshape({-1}).narrow(0, info.begin, info.numel);
+        }
+        pieces[name] = value;
+      }
+      fsdp->load_local_pieces(pieces, strict);
+      return;
+    }
+    std::vector<std::pair<std::string, torch::Tensor>> values;
     for (const auto& item : state) {
       const auto name = item.key().toStringRef();
       if (!known.count(name)) {
@@ -141,7 +187,9 @@ void FSDPStrategy::load_module_state_dict(torch::nn::Module& module, const c10::
 c10::impl::GenericDict FSDPStrategy::optimizer_state_dict(const torch::optim::Optimizer& optimizer) {
   auto dict = checkpoint::optimizer_state_dict(optimizer);
   const auto params = parameters_of(optimizer);
-  if (params.empty() || options_.sharding_strategy() == distributed::ShardingStrategy::no_shard) return dict;
+  if (params.empty() || options_.sharding_strategy() == distributed::ShardingStrategy::no_shard || saves_pieces()) {
+    return dict;  // whole (NO_SHARD), or this rank's pieces for save_checkpoint
+  }
   auto& fsdp = wrapper_of(params.front(), "the optimizer");
   const auto wrapped = fsdp.parameters();
   std::unordered_map<const void*, size_t> index_of;
@@ -174,7 +222,7 @@ c10::impl::GenericDict FSDPStrategy::optimizer_state_dict(const torch::optim::Op
 
 void FSDPStrategy::load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::impl::GenericDict& state) {
   const auto params = parameters_of(optimizer);
-  if (params.empty() || options_.sharding_strategy() == distributed::ShardingStrategy::no_shard) {
+  if (params.empty()) {
     DDPStrategy::load_optimizer_state_dict(optimizer, state);
     return;
   }
@@ -188,14 +236,144 @@ void FSDPStrategy::load_optimizer_state_dict(torch::optim::Optimizer& optimizer,
                    params.size(), ".");
     auto values = entry.value().toGenericDict().copy();
     for (const auto& item : entry.value().toGenericDict()) {
-      if (item.value().isTensor() && is_per_element(item.key().toStringRef())) {
-        values.insert_or_assign(item.key(), fsdp.piece_of(params[index], item.value().toTensor()));
+      if (!item.value().isTensor() || !is_per_element(item.key().toStringRef())) continue;
+      // Whole (a full checkpoint) or this rank's piece (a sharded one): this rank's piece, or the
+      // whole where the parameter is not sharded.
+      const auto info = fsdp.piece_info(params[index]);
+      const auto value = item.value().toTensor();
+      if (!info.sharded) {
+        values.insert_or_assign(item.key(), value.reshape(info.shape));
+      } else if (value.sizes().vec() == info.shape) {
+        values.insert_or_assign(item.key(), value.reshape({-1}).narrow(0, info.begin, info.numel).clone());
+      } else {
+        LOCKSTEP_CHECK(value.numel() == info.numel, UsageError, "the optimizer state '", item.key().toStringRef(),
+                       "' of parameter ", index, " has ", value.numel(), " elements, neither the whole ",
+                       shape_text(info.shape), " nor this rank's piece of ", info.numel, ".");
       }
     }
     per_parameter.insert(entry.key(), values);
   }
   pieces.insert_or_assign("state", per_parameter);
   DDPStrategy::load_optimizer_state_dict(optimizer, pieces);
+}
+
+distributed::FullyShardedDataParallelBase::PieceInfo FSDPStrategy::locate(
+    const std::string& key, const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers,
+    const std::string& path) const {
+  const std::string prefix = "state_dict/";
+  if (key.rfind(prefix, 0) == 0) {
+    const auto name = key.substr(prefix.size());
+    for (const auto& fsdp : all_) {
+      const auto params = fsdp->base_module()->named_parameters();
+      const auto buffers = fsdp->base_module()->named_buffers();
+      if (const auto* p = params.find(name)) return fsdp->piece_info(*p);
+      if (const auto* b = buffers.find(name)) {
+        distributed::FullyShardedDataParallelBase::PieceInfo info;
+        info.shape = b->sizes().vec();
+        info.numel = b->numel();
+        info.sharded = false;
+        return info;
+      }
+    }
+  }
+  // optimizer_states/<i>/state/<k>/<name>: state of parameter k of optimizer i.
+  std::vector<std::string> parts;
+  for (size_t begin = 0, end = 0; end != std::string::npos; begin = end + 1) {
+    end = key.find('/', begin);
+    parts.push_back(key.substr(begin, end == std::string::npos ? end : end - begin));
+  }
+  if (parts.size() == 5 && parts[0] == "optimizer_states" && parts[2] == "state") {
+    try {
+      const auto i = std::stoul(parts[1]);
+      const auto k = std::stoul(parts[3]);
+      if (i < optimizers.size()) {
+        const auto params = parameters_of(*optimizers[i]);
+        if (k < params.size()) return wrapper_of(params[k], "the optimizer").piece_info(params[k]);
+      }
+    } catch (const std::logic_error&) {
+    }
+  }
+  throw UsageError("checkpoint '" + path + "' holds '" + key + "', which this run's model and optimizers have " +
+                   "no tensor for. Resume with the model code and configure_optimizers that saved it.");
+}
+
+void FSDPStrategy::save_checkpoint(const checkpoint::Checkpoint& state, const std::string& path,
+                                   const checkpoint::CheckpointIO& io,
+                                   const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers) {
+  if (!saves_pieces()) {
+    DDPStrategy::save_checkpoint(state, path, io, optimizers);
+    return;
+  }
+  const int rank = global_rank();
+  checkpoint::ShardedCheckpoint shard;
+  // The parameters, buffers and per-element optimizer state become pieces (one not sharded is
+  // rank 0's, whole); everything else is the common part.
+  const auto add = [&](const std::string& key, const torch::Tensor& values) {
+    const auto info = locate(key, optimizers, path);
+    const auto flat = values.detach().reshape({-1});
+    shard.pieces[key] = {info.shape, info.begin, info.sharded || rank == 0 ? flat : flat.narrow(0, 0, 0)};
+  };
+  for (const auto& item : state) {
+    const auto& name = item.key().toStringRef();
+    if (name == "state_dict") {
+      for (const auto& tensor : item.value().toGenericDict()) {
+        add("state_dict/" + tensor.key().toStringRef(), tensor.value().toTensor());
+      }
+    } else if (name == "optimizer_states") {
+      const auto saved = item.value().toList();
+      c10::impl::GenericList common(saved.elementType());
+      for (size_t i = 0; i < saved.size(); ++i) {
+        auto optimizer = saved.get(i).toGenericDict().copy();
+        const auto per_parameter = optimizer.at("state").toGenericDict();
+        auto kept = c10::impl::GenericDict(per_parameter.keyType(), per_parameter.valueType());
+        for (const auto& entry : per_parameter) {
+          const auto values = entry.value().toGenericDict();
+          auto scalars = c10::impl::GenericDict(values.keyType(), values.valueType());
+          for (const auto& value : values) {
+            const auto& key = value.key().toStringRef();
+            if (value.value().isTensor() && is_per_element(key)) {
+              add("optimizer_states/" + std::to_string(i) + "/state/" + std::to_string(entry.key().toInt()) + "/" + key,
+                  value.value().toTensor());
+            } else {
+              scalars.insert(value.key(), value.value());
+            }
+          }
+          kept.insert(entry.key(), scalars);
+        }
+        optimizer.insert_or_assign("state", kept);
+        common.push_back(optimizer);
+      }
+      shard.common.insert(item.key(), common);
+    } else {
+      shard.common.insert(item.key(), item.value());
+    }
+  }
+  const auto tmp = checkpoint::begin_sharded_save(path, rank);
+  barrier("sharded checkpoint: begin");
+  checkpoint::write_shard(tmp, rank, world_size(), shard);
+  barrier("sharded checkpoint: rank files written");
+  if (rank == 0) checkpoint::commit_sharded_save(tmp, path, world_size());
+}
+
+checkpoint::Checkpoint FSDPStrategy::load_checkpoint(
+    const std::string& path, const checkpoint::CheckpointIO& io,
+    const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers) {
+  if (!saves_pieces() || !checkpoint::is_sharded_checkpoint(path)) {
+    return DDPStrategy::load_checkpoint(path, io, optimizers);  // the hooks cut whole tensors
+  }
+  // Only this rank's pieces, in this world size's layout: resharding when the saver's differs.
+  std::map<std::string, checkpoint::PieceRange> wanted;
+  for (const auto& item : checkpoint::read_sharded_metadata(path).tensors) {
+    const auto info = locate(item.first, optimizers, path);
+    LOCKSTEP_CHECK(item.second.shape == info.shape, UsageError, "checkpoint '", path, "': '", item.first, "' is ",
+                   shape_text(item.second.shape), " there and ", shape_text(info.shape),
+                   " in this run. Resume with the model that saved it.");
+    wanted[item.first] = {info.begin, info.numel};
+  }
+  auto mine = checkpoint::load_sharded_pieces(path, wanted);
+  std::map<std::string, torch::Tensor> tensors;
+  for (auto& item : mine.pieces) tensors[item.first] = item.second.values;
+  return checkpoint::to_full_checkpoint(mine.common, tensors);
 }
 
 }  // namespace strategies

@@ -3,6 +3,7 @@
 #include <torch/nn/utils/clip_grad.h>
 
 #include <lockstep/checkpoint/optimizer_state.h>
+#include <lockstep/checkpoint/sharded_checkpoint.h>
 #include <lockstep/checkpoint/state_dict.h>
 #include <lockstep/core/training_module.h>
 #include <lockstep/data/data_loader.h>
@@ -10,6 +11,19 @@
 
 namespace lockstep {
 namespace strategies {
+
+void Strategy::save_checkpoint(const checkpoint::Checkpoint& state, const std::string& path,
+                               const checkpoint::CheckpointIO& io,
+                               const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers) {
+  if (is_global_zero()) io.save(state, path);
+}
+
+checkpoint::Checkpoint Strategy::load_checkpoint(const std::string& path, const checkpoint::CheckpointIO& io,
+                                                 const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers) {
+  // A sharded directory (from --strategy fsdp) loads whole here: one process and DDP resume from it.
+  if (checkpoint::is_sharded_checkpoint(path)) return checkpoint::to_full_checkpoint(checkpoint::load_sharded(path));
+  return io.load(path);
+}
 
 torch::Tensor Strategy::training_step(TrainingModule& module, Batch& batch, int64_t batch_idx) {
   return module.training_step(batch, batch_idx);

@@ -9,6 +9,7 @@
 
 #include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/checkpoint/optimizer_state.h>
+#include <lockstep/checkpoint/sharded_checkpoint.h>
 #include <lockstep/checkpoint/state_dict.h>
 #include <lockstep/core/error.h>
 #include <lockstep/trainer/trainer.h>
@@ -83,10 +84,10 @@ c10::impl::GenericDict Trainer::checkpoint_state() const {
 
 void Trainer::save_checkpoint(const std::string& path) {
   auto timed = profile("save_checkpoint");
-  // A sharded strategy gathers the state from every rank; rank 0 writes it.
+  // A sharded strategy collects the state on every rank: rank 0 writes it whole, or every rank
+  // its pieces (a sharded checkpoint directory).
   if (plan_.strategy->shards_state() || plan_.strategy->is_global_zero()) {
-    const auto state = checkpoint_state();
-    if (plan_.strategy->is_global_zero()) checkpoint_io_->save(state, path);
+    plan_.strategy->save_checkpoint(checkpoint_state(), path, *checkpoint_io_, optimizer_config_.optimizers);
   }
   plan_.strategy->barrier("save_checkpoint");
 }
@@ -129,6 +130,11 @@ void Trainer::check_resume_source() {
   const std::string& path = options_.ckpt_path();
   if (path.empty()) return;
   if (path != "last") {
+    // A sharded directory: its metadata now, each rank's pieces in restore().
+    if (checkpoint::is_sharded_checkpoint(path)) {
+      checkpoint::read_sharded_metadata(path);
+      return;
+    }
     early_checkpoint_ = checkpoint_io_->load(path);  // restore() uses it: one read
     return;
   }
@@ -152,7 +158,9 @@ bool Trainer::restore(const std::string& ckpt_path) {
       return false;
     }
   }
-  auto ckpt = early_checkpoint_ && path == options_.ckpt_path() ? *early_checkpoint_ : checkpoint_io_->load(path);
+  auto ckpt = early_checkpoint_ && path == options_.ckpt_path()
+                  ? *early_checkpoint_
+                  : plan_.strategy->load_checkpoint(path, *checkpoint_io_, optimizer_config_.optimizers);
   early_checkpoint_.reset();
   checkpoint::require_keys(ckpt, {"state_dict", "optimizer_states", "epoch", "global_step", "loops"}, path);
   // A checkpoint of something else may have the keys but not their contents: LibTorch's type

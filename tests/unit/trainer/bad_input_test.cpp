@@ -54,6 +54,8 @@ TEST_F(TrainerBadInput, EveryCaseExitsTwoAndNamesTheFix) {
       {{"--strategy", "deepspeed"}, {}, "Use --strategy ddp"},
       {{"--strategy", "fsdp", "--fsdp-sharding", "ZERO9"}, {}, "--fsdp-sharding: unknown sharding strategy 'ZERO9'"},
       {{"--fsdp-auto-wrap-min-params", "1000"}, {}, "Add --strategy fsdp, or drop them"},
+      {{"--strategy", "fsdp", "--fsdp-state-dict-type", "local"}, {}, "--fsdp-state-dict-type: unknown state dict type 'local'"},
+      {{"--fsdp-state-dict-type", "sharded"}, {}, "Add --strategy fsdp, or drop it"},
       {{"--strategy", "dp"}, {}, "Use --strategy ddp"},
       {{"--strategy", "ddp_spawn"}, {}, "ddp_fork"},
       {{"--strategy", "nope"}, {}, "Use auto or one of"},

@@ -74,6 +74,26 @@ class FullyShardedDataParallelBase {
   /// name the state lacks (without it, those keep their values).
   void load_full_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& state, bool strict = true);
 
+  /// Where this rank's piece of a parameter lies in the whole one (for sharded checkpoints).
+  struct PieceInfo {
+    /// The whole parameter's shape.
+    std::vector<int64_t> shape;
+    /// The piece: elements [begin, begin + numel) of the flattened whole (numel may be 0).
+    int64_t begin = 0;
+    int64_t numel = 0;
+    /// false: every rank holds the parameter whole (NO_SHARD, or one outside every unit).
+    bool sharded = true;
+  };
+  /// Where this rank's piece of `parameter` (one of parameters()) lies; UsageError for another tensor.
+  PieceInfo piece_info(const at::Tensor& parameter) const;
+  /// This rank's piece of `parameter`'s current values: a 1-D copy (the whole, flattened, where
+  /// piece_info says it is not sharded). No collective.
+  at::Tensor local_piece(const at::Tensor& parameter) const;
+  /// Loads this rank's pieces of the parameters by name (as local_piece gives them) and buffers
+  /// whole; no collective. Throws UsageError naming a piece whose size differs from piece_info's,
+  /// and with `strict` a parameter or buffer the state lacks (without it, those keep their values).
+  void load_local_pieces(const std::map<std::string, at::Tensor>& pieces, bool strict = true);
+
   /// The wrapped module, type-erased.
   const std::shared_ptr<torch::nn::Module>& base_module() const { return module_; }
   /// The module's parameters (for the optimizer).

@@ -574,6 +574,72 @@ void FullyShardedDataParallelBase::load_full_state_dict(const std::vector<std::p
   }
 }
 
+FullyShardedDataParallelBase::PieceInfo FullyShardedDataParallelBase::piece_info(const at::Tensor& parameter) const {
+  const auto where = located({parameter}).front();
+  PieceInfo info;
+  if (where.first == SIZE_MAX || options_.sharding_strategy() == ShardingStrategy::no_shard) {
+    for (const auto& p : parameters()) {
+      if (p.unsafeGetTensorImpl() != parameter.unsafeGetTensorImpl()) continue;
+      info.shape = where.first == SIZE_MAX ? p.sizes().vec() : units_[where.first]->layout.shapes[where.second];
+      info.numel = c10::multiply_integers(info.shape);
+      info.sharded = false;
+      return info;
+    }
+    throw UsageError("FullyShardedDataParallel: a tensor that is none of the wrapped module's parameters.");
+  }
+  const auto& layout = units_[where.first]->layout;
+  const auto piece = layout.piece(where.second, group_.rank());
+  info.shape = layout.shapes[where.second];
+  info.begin = piece.begin;
+  info.numel = piece.numel;
+  return info;
+}
+
+at::Tensor FullyShardedDataParallelBase::local_piece(const at::Tensor& parameter) const {
+  const auto info = piece_info(parameter);
+  const auto where = located({parameter}).front();
+  if (!info.sharded) {
+    const auto& value = where.first == SIZE_MAX ? parameter : units_[where.first]->whole[where.second];
+    return value.detach().reshape({-1}).clone();
+  }
+  return units_[where.first]->pieces[where.second].detach().clone();
+}
+
+void FullyShardedDataParallelBase::load_local_pieces(const std::map<std::string, at::Tensor>& pieces, bool strict) {
+  torch::NoGradGuard no_grad;
+  const auto take = [&](const std::string& name, int64_t numel) {
+    const auto found = pieces.find(name);
+    if (found == pieces.end() && !strict) return at::Tensor();
+    LOCKSTEP_CHECK(found != pieces.end(), UsageError, "FullyShardedDataParallel: the state has no '", name, "'.");
+    LOCKSTEP_CHECK(found->second.numel() == numel, UsageError, "FullyShardedDataParallel: '", name, "' has ",
+                   found->second.numel(), " elements in the state where this rank's piece has ", numel, ".");
+    return found->second.reshape({-1});
+  };
+  for (const auto& item : module_->named_parameters()) {
+    const auto info = piece_info(item.value());
+    const auto value = take(item.key(), info.numel);
+    if (!value.defined()) continue;
+    const auto where = located({item.value()}).front();
+    if (where.first == SIZE_MAX) {
+      item.value().copy_(value.view_as(item.value()));
+    } else if (!info.sharded) {
+      units_[where.first]->whole[where.second].copy_(value.view(info.shape));
+    } else {
+      units_[where.first]->pieces[where.second].copy_(value);
+    }
+  }
+  if (options_.sharding_strategy() != ShardingStrategy::no_shard) {
+    for (auto& unit : units_) {
+      reshard(*unit);
+      unit->gathered = false;  // the next forward gathers the new values
+    }
+  }
+  for (const auto& item : module_->named_buffers()) {
+    const auto value = item.value().defined() ? take(item.key(), item.value().numel()) : at::Tensor();
+    if (value.defined()) item.value().copy_(value.view_as(item.value()));
+  }
+}
+
 void FullyShardedDataParallelBase::fail(const std::string& message) {
   error_ = message;
   throw DistributedError(message);
