@@ -145,29 +145,9 @@ void FSDPStrategy::load_module_state_dict(torch::nn::Module& module, const c10::
                                           bool strict) {
   for (const auto& fsdp : all_) {
     if (fsdp->base_module().get() != &module) continue;
+    // The state's tensors that the module has (with strict, no others).
     std::set<std::string> known;
     for (const auto& item : checkpoint::state_dict(module)) known.insert(item.key());
-    if (saves_pieces()) {
-      // Pieces (from a sharded checkpoint) or whole tensors (from a full one), cut here.
-      std::map<std::string, torch::Tensor> pieces;
-      const auto params = module.named_parameters();
-      for (const auto& item : state) {
-        const auto name = item.key().toStringRef();
-        if (!known.count(name)) {
-          LOCKSTEP_CHECK(!strict, UsageError, "the state has '", name, "', which the module does not.");
-          continue;
-        }
-        LOCKSTEP_CHECK(item.value().isTensor(), UsageError, "the state's '", name, "' is not a tensor.");
-        auto value = item.value().toTensor();
-        if (const auto* p = params.find(name)) {
-          const auto info = fsdp->piece_info(*p);
-          if (info.sharded && value.sizes().vec() == info.shape) value = value.reshape({-1}).narrow(0, info.begin, info.numel);
-        }
-        pieces[name] = value;
-      }
-      fsdp->load_local_pieces(pieces, strict);
-      return;
-    }
     std::vector<std::pair<std::string, torch::Tensor>> values;
     for (const auto& item : state) {
       const auto name = item.key().toStringRef();
@@ -177,6 +157,20 @@ void FSDPStrategy::load_module_state_dict(torch::nn::Module& module, const c10::
       }
       LOCKSTEP_CHECK(item.value().isTensor(), UsageError, "the state's '", name, "' is not a tensor.");
       values.push_back({name, item.value().toTensor()});
+    }
+    if (saves_pieces()) {
+      // Pieces (from a sharded checkpoint) or whole tensors (from a full one), cut here.
+      std::map<std::string, torch::Tensor> pieces;
+      const auto params = module.named_parameters();
+      for (auto& [name, value] : values) {
+        if (const auto* p = params.find(name)) {
+          const auto info = fsdp->piece_info(*p);
+          if (info.sharded && value.sizes().vec() == info.shape) value = value.reshape({-1}).narrow(0, info.begin, info.numel);
+        }
+        pieces[name] = value;
+      }
+      fsdp->load_local_pieces(pieces, strict);
+      return;
     }
     fsdp->load_full_state_dict(values, strict);
     return;
