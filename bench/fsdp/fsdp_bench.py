@@ -22,17 +22,16 @@ NO_FSDP2 = 3  # exit code: this torch has no fully_shard
 
 
 def fully_shard_function():
-    """torch.distributed.fsdp.fully_shard (2.6 on), or its earlier home; None before FSDP2 (2.4)."""
+    """torch.distributed.fsdp.fully_shard (2.6 on), or its earlier home (2.4, 2.5); None before.
+    Debian's torch 1.13 cannot even import torch.distributed.fsdp on Python 3.11 (a dataclass
+    error), so older versions are not imported."""
+    if tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 4):
+        return None
     try:
         from torch.distributed.fsdp import fully_shard
-        return fully_shard
     except ImportError:
-        pass
-    try:
         from torch.distributed._composable.fsdp import fully_shard
-        return fully_shard
-    except ImportError:
-        return None
+    return fully_shard
 
 
 def mlp(model):
