@@ -95,6 +95,25 @@ TEST(BenchRun, QuickRunWritesEverySection) {
   ASSERT_EQ(j["scaling"].size(), 3u);
   const int ranks[] = {1, 2, 4};
   for (size_t i = 0; i < 3; ++i) expect_ddp_entry(j["scaling"][i], ranks[i]);
+
+  // Section 10, quick: the 24.2M MLP on 2 ranks, Lockstep's DDP and FULL_SHARD (and FSDP2 where
+  // .venv-libtorch2 is installed).
+  ASSERT_EQ(j["sharded_training"].size(), 1u);
+  const auto& s = j["sharded_training"][0];
+  EXPECT_EQ(s["model"], "25m");
+  EXPECT_EQ(s["world_size"], 2);
+  EXPECT_TRUE(s["loss_check"]["ok"].get<bool>()) << s["loss_check"].dump();
+  for (const char* side : {"DDP", "FULL_SHARD"}) {
+    ASSERT_TRUE(s["sides"].contains(side)) << s.dump();
+    for (const char* key : {"steps_per_s", "peak_rss_mb", "floor_rss_mb"}) {
+      expect_positive(s["sides"][side][key], std::string("sharded_training ") + side + "." + key);
+    }
+  }
+  const auto& hidden = s["sides"]["FULL_SHARD"]["all_gather_hidden_share"];
+  ASSERT_TRUE(hidden.is_number()) << s.dump();
+  EXPECT_GE(hidden.get<double>(), 0.0);
+  EXPECT_LE(hidden.get<double>(), 1.0);
+  EXPECT_EQ(s["sides"].contains("FSDP2"), !s.contains("python_skipped")) << s.dump();
 }
 
 TEST(BenchRun, BadInputIsOneMessageAndExitTwo) {

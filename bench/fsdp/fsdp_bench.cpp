@@ -1,0 +1,268 @@
+// Sharded training memory and speed of Lockstep, the C++ side of bench/fsdp/fsdp_bench.py (PyTorch
+// FSDP2 and ZeroRedundancyOptimizer): an MLP built as a torch::nn::Sequential, so that every large
+// Linear can be a unit of its own, Adam, synthetic batches, gloo on the CPU.
+//   bench_fsdp --model 25m|100m|100m-wide --sharding FULL_SHARD --nproc-per-node 2 --steps 10 --warmup 2
+// --sharding DDP is Lockstep's DistributedDataParallel; the others are FullyShardedDataParallel's
+// strategies, with every Linear of at least --auto-wrap-min-params parameters a unit.
+// Prints one JSON line on rank 0: steps/s over the timed steps, the final loss (mean over the
+// ranks), every rank's peak RSS, its floor (the RSS once LibTorch and the process group are up,
+// before the model is built) and its shared-memory RSS at the end, and the time the training
+// thread waited for all-gathers. bench/run runs it beside the Python side and compares.
+#include <sys/resource.h>
+
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <lockstep/cli/guarded_main.h>
+#include <lockstep/core/error.h>
+#include <lockstep/distributed/collectives.h>
+#include <lockstep/distributed/ddp.h>
+#include <lockstep/distributed/sharding/fully_sharded.h>
+#include <lockstep/environments/cluster_environment.h>
+#include <lockstep/environments/torchelastic_environment.h>
+#include <lockstep/launchers/local_launcher.h>
+
+namespace {
+
+using namespace lockstep;
+using Clock = std::chrono::steady_clock;
+
+// Linear widths, the same in fsdp_bench.py. "25m" is bench_ddp's 24.2M MLP; "100m" (103.9M) has
+// seven hidden layers of 4096, so that no unit is more than a sixth of the model, as in a deep
+// network; "100m-wide" (107.2M) puts two thirds of it in one 8192 x 8192 layer.
+std::vector<int64_t> widths(const std::string& model) {
+  if (model == "25m") return {784, 4096, 4096, 1024, 10};
+  if (model == "100m") return {784, 4096, 4096, 4096, 4096, 4096, 4096, 4096, 10};
+  return {784, 8192, 8192, 4096, 10};
+}
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+// Where the training thread waits for all-gathers: FullyShardedDataParallel gathers a unit in the
+// Sequential entry that replaces it, before the unit's forward, and in a hook on the unit's output
+// before its backward. Probes on both sides of each unit time those waits without touching the
+// engine: GatherStart before the unit, the unit's own Timed wrapper (its forward begins once the
+// gather is done; it stamps the backward's start in a hook registered before the engine's), and
+// GatherEnd after it (its hook on the same output runs after the engine's).
+struct GatherClock {
+  Clock::time_point forward_start, backward_start;
+  double waited_s = 0;
+};
+
+struct GatherStartImpl : torch::nn::Module {
+  explicit GatherStartImpl(std::shared_ptr<GatherClock> clock) : clock(std::move(clock)) {}
+  torch::Tensor forward(torch::Tensor x) {
+    clock->forward_start = Clock::now();
+    return x;
+  }
+  std::shared_ptr<GatherClock> clock;
+};
+TORCH_MODULE(GatherStart);
+
+struct TimedImpl : torch::nn::Module {
+  TimedImpl(int64_t in, int64_t out, std::shared_ptr<GatherClock> clock)
+      : linear(register_module("linear", torch::nn::Linear(in, out))), clock(std::move(clock)) {}
+  torch::Tensor forward(torch::Tensor x) {
+    clock->waited_s += seconds_since(clock->forward_start);
+    auto y = linear->forward(x);
+    if (y.requires_grad()) {
+      y.register_hook([clock = clock](const torch::Tensor&) { clock->backward_start = Clock::now(); });
+    }
+    return y;
+  }
+  torch::nn::Linear linear;
+  std::shared_ptr<GatherClock> clock;
+};
+TORCH_MODULE(Timed);
+
+struct GatherEndImpl : torch::nn::Module {
+  explicit GatherEndImpl(std::shared_ptr<GatherClock> clock) : clock(std::move(clock)) {}
+  torch::Tensor forward(torch::Tensor y) {
+    if (y.requires_grad()) {
+      y.register_hook([clock = clock](const torch::Tensor&) { clock->waited_s += seconds_since(clock->backward_start); });
+    }
+    return y;
+  }
+  std::shared_ptr<GatherClock> clock;
+};
+TORCH_MODULE(GatherEnd);
+
+// The MLP: Linear, ReLU, ..., Linear, each Linear between its probes. Linears are created in
+// forward order, as in fsdp_bench.py, so that both sides draw the same initial weights.
+struct NetImpl : torch::nn::Module {
+  NetImpl(const std::string& model, const std::shared_ptr<GatherClock>& clock) {
+    const auto w = widths(model);
+    for (size_t i = 0; i + 1 < w.size(); ++i) {
+      layers->push_back(GatherStart(clock));
+      layers->push_back(Timed(w[i], w[i + 1], clock));
+      layers->push_back(GatherEnd(clock));
+      if (i + 2 < w.size()) layers->push_back(torch::nn::ReLU());
+    }
+    register_module("layers", layers);
+  }
+  torch::Tensor forward(torch::Tensor x) { return layers->forward(x); }
+  torch::nn::Sequential layers;
+};
+
+double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// A field of /proc/self/status in MB ("VmRSS", "RssShmem"), 0 where the kernel lacks it.
+double status_mb(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(field + ":", 0) == 0) return std::stod(line.substr(field.size() + 1)) / 1024.0;  // kB
+  }
+  return 0;
+}
+
+// Every rank's `value`, in rank order (a collective).
+std::vector<double> per_rank(distributed::ProcessGroup& group, double value) {
+  auto all = torch::zeros({group.world_size()}, torch::kFloat64);
+  all[group.rank()] = value;
+  all = distributed::all_reduce(group, all, distributed::ReduceOp::sum);
+  return std::vector<double>(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"Lockstep sharded training memory and speed", "bench_fsdp"};
+  std::string model = "25m", sharding = "FULL_SHARD", start_method = "popen";
+  int nproc = 2, steps = 10, warmup = 2;
+  int64_t batch = 64, min_params = 1'000'000;
+  app.add_option("--model", model)->check(CLI::IsMember({"25m", "100m", "100m-wide"}));
+  app.add_option("--sharding", sharding, "DDP, NO_SHARD, SHARD_OPTIMIZER_STATE, SHARD_GRAD_OP or FULL_SHARD");
+  app.add_option("--nproc-per-node", nproc)->check(CLI::Range(1, 1024));
+  app.add_option("--steps", steps)->check(CLI::Range(1, 1 << 30));
+  app.add_option("--warmup", warmup, "untimed steps first, at least 1 (the first is the start-up's end)")
+      ->check(CLI::Range(1, 1 << 30));
+  app.add_option("--batch", batch, "examples per rank per step")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--auto-wrap-min-params", min_params, "a Linear with at least this many parameters is a unit")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--start-method", start_method, "popen: re-execute for the other ranks; fork: fork them")
+      ->check(CLI::IsMember({"popen", "fork"}));
+  CLI11_PARSE(app, argc, argv);
+  const bool ddp_side = sharding == "DDP" || sharding == "ddp";
+  const auto strategy = ddp_side ? distributed::ShardingStrategy::no_shard : distributed::parse_sharding_strategy(sharding);
+  const std::string sharding_name = ddp_side ? "DDP" : distributed::to_string(strategy);
+
+  auto env = environments::detect_environment(environments::Environ::from_process());
+  if (!env->creates_processes_externally() && nproc > 1) {
+    const auto options = launchers::LaunchOptions().nproc_per_node(nproc).master_port(env->main_port());
+    const auto method = start_method == "fork" ? launchers::StartMethod::fork : launchers::StartMethod::reexec;
+    if (const auto placement = launchers::LocalLauncher(options, method).launch()) {
+      env = std::make_unique<environments::TorchElasticEnvironment>(*placement);
+    }
+  }
+  torch::set_num_threads(1);
+  auto group = distributed::ProcessGroup::init(env->process_group_options().timeout(std::chrono::seconds(300)));
+  const double floor_mb = status_mb("VmRSS");
+
+  torch::manual_seed(0);
+  auto clock = std::make_shared<GatherClock>();
+  auto net = std::make_shared<NetImpl>(model, clock);
+  int64_t parameters = 0;
+  for (const auto& p : net->parameters()) parameters += p.numel();
+  std::unique_ptr<distributed::DistributedDataParallel<NetImpl>> ddp;
+  std::unique_ptr<distributed::FullyShardedDataParallel<NetImpl>> fsdp;
+  std::vector<torch::Tensor> trained;
+  if (ddp_side) {
+    ddp = std::make_unique<distributed::DistributedDataParallel<NetImpl>>(
+        net, *group, distributed::DDPOptions().gradient_as_bucket_view(true));
+    trained = net->parameters();
+  } else {
+    fsdp = std::make_unique<distributed::FullyShardedDataParallel<NetImpl>>(
+        net, *group, distributed::ShardingOptions().sharding_strategy(strategy).auto_wrap_min_params(min_params));
+    trained = fsdp->parameters();  // this rank's pieces
+  }
+  torch::optim::Adam optimizer(trained, torch::optim::AdamOptions(1e-3));
+  // Each rank's batches: a fixed generator per rank, the same on the Python side.
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(1000 + group->rank());
+  std::vector<torch::Tensor> xs, ys;
+  for (int i = 0; i < 8; ++i) {
+    xs.push_back(torch::randn({batch, 784}, generator));
+    ys.push_back(torch::randint(10, {batch}, generator, torch::kInt64));
+  }
+  double loss_value = 0, prepare_s = 0;
+  // zero_grad() first: FullyShardedDataParallel sets the gradients aside in forward, so a
+  // zero_grad() between forward and backward would not reach them.
+  auto step = [&](int i) {
+    optimizer.zero_grad();
+    torch::Tensor out;
+    if (ddp) {
+      out = ddp->forward(xs[i % 8]);
+    } else {
+      // What fsdp->forward() does, with the gathers before the forward (ZeRO-1, SHARD_GRAD_OP:
+      // every unit; FULL_SHARD: the root) timed.
+      const auto start = Clock::now();
+      fsdp->prepare_forward();
+      prepare_s += seconds_since(start);
+      out = net->forward(xs[i % 8]);
+    }
+    auto loss = torch::nn::functional::cross_entropy(out, ys[i % 8]);
+    loss.backward();
+    optimizer.step();
+    loss_value = loss.item<double>();
+  };
+  step(0);
+  const double first_step_unix = unix_seconds();
+  for (int i = 1; i < warmup; ++i) step(i);
+  distributed::barrier(*group, "timed_start");
+  clock->waited_s = prepare_s = 0;
+  const auto start = Clock::now();
+  for (int i = warmup; i < warmup + steps; ++i) step(i);
+  distributed::barrier(*group, "timed_end");
+  const double seconds = seconds_since(start);
+  const double gather_s = fsdp && group->world_size() > 1 ? (clock->waited_s + prepare_s) / steps : 0.0;
+
+  auto loss = distributed::all_reduce(*group, torch::tensor({loss_value}, torch::kFloat64), distributed::ReduceOp::mean);
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);  // ru_maxrss: KiB on Linux
+  const auto peak = per_rank(*group, static_cast<double>(usage.ru_maxrss) / 1024.0);
+  const auto floors = per_rank(*group, floor_mb);
+  const auto shmem = per_rank(*group, status_mb("RssShmem"));
+  const auto gathers = per_rank(*group, gather_s);
+  std::string transport = "none (one rank)";
+  if (group->world_size() > 1) {
+    const std::string why_not = ddp ? ddp->why_not_shared_memory() : fsdp->why_not_shared_memory();
+    transport = why_not.empty() ? "shared memory" : "gloo: " + why_not;
+  }
+  if (group->rank() == 0) {
+    nlohmann::json out{{"impl", "lockstep"},
+                       {"sharding", sharding_name},
+                       {"model", model},
+                       {"parameters", parameters},
+                       {"world_size", group->world_size()},
+                       {"steps", steps},
+                       {"batch", batch},
+                       {"steps_per_s", steps / seconds},
+                       {"loss", loss.item<double>()},
+                       {"first_step_unix", first_step_unix},
+                       {"transport", transport},
+                       {"units", fsdp ? static_cast<int64_t>(fsdp->unit_count()) : 1},
+                       {"floor_rss_mb", floors},
+                       {"peak_rss_mb", peak},
+                       {"shmem_rss_mb_at_end", shmem},
+                       {"all_gather_wait_s_per_step", gathers}};
+    // The engine gathers on the training thread, one unit at a time, without prefetch: the wait
+    // is the whole all-gather time and none of it is hidden behind compute.
+    if (fsdp && group->world_size() > 1 && strategy != distributed::ShardingStrategy::no_shard) {
+      out["all_gather_hidden_share"] = 0.0;
+      out["all_gather_note"] = "gathered synchronously on the training thread (no prefetch): none hidden";
+    }
+    std::cout << out.dump() << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return lockstep::cli::guarded_main("bench_fsdp", [&] { return run(argc, argv); }); }
