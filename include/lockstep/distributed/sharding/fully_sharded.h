@@ -48,9 +48,9 @@ class FullyShardedDataParallelBase {
   FullyShardedDataParallelBase& operator=(const FullyShardedDataParallelBase&) = delete;
 
   /// Before the module's forward (forward() calls it): gathers the parameters the forward
-  /// needs (the root unit; all units with SHARD_GRAD_OP and ZeRO-1), and in a training forward
-  /// sets the gradients aside, so that the next backward reduces into them (they accumulate
-  /// until the optimizer zeroes them, as in one process).
+  /// needs (the root unit; all units with SHARD_GRAD_OP and ZeRO-1). The next backward reduces
+  /// into the gradients the optimizer sees: they accumulate until it zeroes them (also between
+  /// a forward and its backward), as in one process.
   void prepare_forward();
 
   /// The total norm of the gradients over all ranks (as torch::nn::utils::clip_grad_norm_ of the
@@ -117,7 +117,9 @@ class FullyShardedDataParallelBase {
   void shard(Unit& unit);
   void gather(Unit& unit);
   void reshard(Unit& unit);
-  void set_gradients_aside();
+  void begin_backward();
+  void set_aside(Unit& unit, size_t index);
+  void before_gradient(size_t parameter);
   void on_gradient(size_t parameter);
   void reduce_ready_units();
   void reduce(Unit& unit);
@@ -134,10 +136,11 @@ class FullyShardedDataParallelBase {
   std::vector<std::pair<size_t, size_t>> located(const std::vector<at::Tensor>& parameters) const;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hook_keys_;
+  std::vector<const void*> pre_hooks_;  // ours, one per accumulator, removed on destruction
   std::vector<size_t> reduce_order_;  // units in the order their gradients are reduced
   size_t next_reduced_ = 0;
   bool in_backward_ = false;
-  bool gradients_set_aside_ = false;
+  bool forward_prepared_ = false;  // a training forward went through the wrapper
   std::string why_not_shared_memory_;
   std::string error_;  // a failure inside backward, rethrown by the next call
 };

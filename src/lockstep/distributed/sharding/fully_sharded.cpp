@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <unordered_map>
 #include <unordered_set>
@@ -80,6 +81,19 @@ class UnitForward : public torch::nn::Module {
   FullyShardedDataParallelBase* engine_;
   size_t unit_;
   torch::nn::AnyModule inner_;
+};
+
+// Runs before a parameter's gradient is accumulated.
+class BeforeAccumulation : public torch::autograd::FunctionPreHook {
+ public:
+  explicit BeforeAccumulation(std::function<void()> run) : run_(std::move(run)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    run_();
+    return grads;
+  }
+
+ private:
+  std::function<void()> run_;
 };
 
 // A child of a Sequential that becomes a unit.
@@ -172,7 +186,12 @@ FullyShardedDataParallelBase::FullyShardedDataParallelBase(std::shared_ptr<torch
 }
 
 FullyShardedDataParallelBase::~FullyShardedDataParallelBase() {
-  for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
+  for (size_t i = 0; i < accumulators_.size(); ++i) {
+    accumulators_[i]->del_post_hook(hook_keys_[i]);
+    auto& pre = accumulators_[i]->pre_hooks();
+    pre.erase(std::remove_if(pre.begin(), pre.end(), [&](const auto& hook) { return hook.get() == pre_hooks_[i]; }),
+              pre.end());
+  }
   for (auto& unit : units_) {
     if (unit->parent) *(unit->parent->begin() + static_cast<std::ptrdiff_t>(unit->index_in_parent)) = unit->original;
   }
@@ -251,6 +270,9 @@ void FullyShardedDataParallelBase::build_units() {
             on_gradient(index);
             return outputs;
           })));
+      auto before = std::make_unique<BeforeAccumulation>([this, index] { before_gradient(index); });
+      pre_hooks_.push_back(before.get());
+      accumulator->add_pre_hook(std::move(before));
       accumulators_.push_back(std::move(accumulator));
       p.set_data(unit->whole[i]);
       p.mutable_grad() = at::Tensor();
@@ -300,7 +322,7 @@ void FullyShardedDataParallelBase::reshard(Unit& unit) {
 void FullyShardedDataParallelBase::prepare_forward() {
   if (!error_.empty()) throw DistributedError(error_);
   const bool training = torch::GradMode::is_enabled() && module_->is_training();
-  if (training && !gradients_set_aside_) set_gradients_aside();
+  if (training) forward_prepared_ = true;
   if (options_.sharding_strategy() == ShardingStrategy::full_shard) {
     gather(*units_.front());
   } else {
@@ -308,54 +330,59 @@ void FullyShardedDataParallelBase::prepare_forward() {
   }
 }
 
-void FullyShardedDataParallelBase::set_gradients_aside() {
+void FullyShardedDataParallelBase::begin_backward() {
+  if (!forward_prepared_) {
+    fail(group_.describe() + ": FullyShardedDataParallel: a backward through a forward that did not go through "
+         "the wrapper. Call forward() (or prepare_forward() before the module's own forward).");
+  }
   torch::NoGradGuard no_grad;
-  const bool zero1 = options_.sharding_strategy() == ShardingStrategy::shard_optimizer_state;
   for (auto& unit : units_) {
-    if (zero1) {
-      // Only this rank's part of the whole gradients is kept from one step to the next.
+    if (options_.sharding_strategy() == ShardingStrategy::shard_optimizer_state) {
+      // Only this rank's part of the whole gradients is kept from one backward to the next.
       const int64_t mine = group_.rank() * unit->layout.shard_numel;
       unit->reduced.narrow(0, 0, mine).zero_();
       unit->reduced.narrow(0, mine + unit->layout.shard_numel, unit->reduced.numel() - mine - unit->layout.shard_numel)
           .zero_();
     }
-    for (size_t i = 0; i < unit->params.size(); ++i) {
-      auto& grad = unit->params[i].mutable_grad();
-      if (!grad.defined()) {
-        unit->grads[i].zero_();
-      } else if (!is_alias_of(grad, unit->grads[i])) {
-        if (grad.numel() != unit->grads[i].numel()) {
-          fail(group_.describe() + ": FullyShardedDataParallel: parameter '" + unit->names[i] + "' has a gradient of " +
-               std::to_string(grad.numel()) + " elements where its shard has " +
-               std::to_string(unit->grads[i].numel()) + "; set gradients only through backward.");
-        }
-        unit->grads[i].copy_(grad.reshape(unit->grads[i].sizes()));
-      }
-      grad = at::Tensor();
-      unit->arrived[i] = false;
-    }
+    unit->arrived.assign(unit->params.size(), false);
     unit->pending = unit->params.size();
   }
   next_reduced_ = 0;
-  gradients_set_aside_ = true;
+  in_backward_ = true;
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
+}
+
+void FullyShardedDataParallelBase::set_aside(Unit& unit, size_t i) {
+  // The kept gradient as the optimizer left it (zeroed in place, set to none, or accumulating),
+  // so that autograd accumulates the whole gradient of this backward into an empty .grad().
+  torch::NoGradGuard no_grad;
+  auto& grad = unit.params[i].mutable_grad();
+  if (!grad.defined()) {
+    unit.grads[i].zero_();
+  } else if (!is_alias_of(grad, unit.grads[i])) {
+    if (grad.numel() != unit.grads[i].numel()) {
+      fail(group_.describe() + ": FullyShardedDataParallel: parameter '" + unit.names[i] + "' has a gradient of " +
+           std::to_string(grad.numel()) + " elements where its shard has " + std::to_string(unit.grads[i].numel()) +
+           "; set gradients only through backward.");
+    }
+    unit.grads[i].copy_(grad.reshape(unit.grads[i].sizes()));
+  }
+  grad = at::Tensor();
+}
+
+void FullyShardedDataParallelBase::before_gradient(size_t parameter) {
+  if (!in_backward_) begin_backward();
+  const auto [u, i] = where_[parameter];
+  if (!units_[u]->arrived[i]) set_aside(*units_[u], i);
 }
 
 void FullyShardedDataParallelBase::on_gradient(size_t parameter) {
   const auto [u, i] = where_[parameter];
   auto& unit = *units_[u];
-  if (!gradients_set_aside_) {
-    fail(group_.describe() + ": FullyShardedDataParallel: parameter '" + unit.names[i] +
-         "' received a gradient from a forward that did not go through the wrapper. Call forward() (or "
-         "prepare_forward() before the module's own forward).");
-  }
   if (unit.arrived[i]) {
     fail(group_.describe() + ": FullyShardedDataParallel: parameter '" + unit.names[i] +
          "' received its gradient twice in one backward (a second backward through the same graph). Run one "
          "backward per forward.");
-  }
-  if (!in_backward_) {
-    in_backward_ = true;
-    torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
   }
   unit.arrived[i] = true;
   if (--unit.pending == 0) reduce_ready_units();
@@ -373,6 +400,10 @@ void FullyShardedDataParallelBase::reduce(Unit& unit) {
   const auto& layout = unit.layout;
   auto flat = at::zeros({layout.padded_numel()}, unit.full.options());
   for (size_t i = 0; i < unit.params.size(); ++i) {
+    if (!unit.arrived[i]) {
+      set_aside(unit, i);  // no gradient in this backward: zero
+      continue;
+    }
     auto& grad = unit.params[i].mutable_grad();
     if (grad.defined()) flat.narrow(0, layout.offsets[i], layout.numels[i]).copy_(grad.reshape({-1}));
     grad = at::Tensor();  // the whole gradient is not kept
@@ -401,7 +432,7 @@ void FullyShardedDataParallelBase::finish_backward() {
     for (size_t i = 0; i < unit->params.size(); ++i) unit->params[i].mutable_grad() = unit->grads[i];
   }
   in_backward_ = false;
-  gradients_set_aside_ = false;
+  forward_prepared_ = false;
 }
 
 void FullyShardedDataParallelBase::before_unit_forward(size_t unit) {

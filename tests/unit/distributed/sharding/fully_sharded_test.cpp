@@ -49,6 +49,7 @@ struct Training {
   int accumulate = 1;    // micro-batches per step, each of kPerRank rows per rank
   double clip = 0;       // max gradient norm, 0 for none
   int64_t min_params = 1000;
+  bool zero_after_forward = false;  // opt.zero_grad() between the forward and the backward
 };
 
 std::vector<at::Tensor> initial_parameters() {
@@ -91,12 +92,14 @@ std::vector<std::vector<at::Tensor>> train_sharded(const std::vector<at::Tensor>
                                   ShardingOptions().sharding_strategy(strategy).auto_wrap_min_params(t.min_params));
     torch::optim::Adam opt(fsdp.parameters(), torch::optim::AdamOptions(0.01));
     for (int s = 0; s < kSteps; ++s) {
-      opt.zero_grad();
+      if (!t.zero_after_forward) opt.zero_grad();
       for (int m = 0; m < t.accumulate; ++m) {
         const int k = s * t.accumulate + m;
         const auto x = data.inputs[k].narrow(0, g.rank() * kPerRank, kPerRank);
         const auto y = data.targets[k].narrow(0, g.rank() * kPerRank, kPerRank);
-        (torch::cross_entropy_loss(fsdp.forward(x), y) / t.accumulate).backward();
+        const auto loss = torch::cross_entropy_loss(fsdp.forward(x), y) / t.accumulate;
+        if (t.zero_after_forward) opt.zero_grad();
+        loss.backward();
       }
       if (t.clip > 0) fsdp.clip_grad_norm(t.clip);
       opt.step();
@@ -143,6 +146,15 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<std::tuple<ShardingStrategy, int>>& info) {
       return to_string(std::get<0>(info.param)) + "_" + std::to_string(std::get<1>(info.param)) + "ranks";
     });
+
+// zero_grad() between the forward and the backward (PyTorch's usual order) zeroes what the
+// backward then reduces into; it once went unseen and the gradients of every step added up.
+TEST(FullyShardedDataParallel, ZeroGradBetweenForwardAndBackwardZeroes) {
+  Training t;
+  t.zero_after_forward = true;
+  expect_parity(t, ShardingStrategy::full_shard);
+  expect_parity(t, ShardingStrategy::shard_optimizer_state);
+}
 
 // One unit (no auto-wrap) trains the same.
 TEST(FullyShardedDataParallel, TheWholeModuleAsOneUnitTrainsTheSame) {
