@@ -115,12 +115,10 @@ void FSDPStrategy::check_optimizer(const torch::optim::Optimizer& optimizer) con
   LOCKSTEP_CHECK(dynamic_cast<const torch::optim::LBFGS*>(&optimizer) == nullptr, UsageError,
                  "--strategy fsdp cannot step LBFGS: it needs whole gradients and parameters on every rank, and "
                  "each rank holds a shard. Use SGD, Adam, AdamW, Adagrad or RMSprop, or --strategy ddp.");
-  for (const auto& p : parameters_of(optimizer)) {
-    LOCKSTEP_CHECK(optimizer.state().count(c10::guts::to_string(p.unsafeGetTensorImpl())) == 0, UsageError,
-                   "--strategy fsdp: the optimizer already has state for its parameters (it stepped, or loaded a "
-                   "state), shaped for whole parameters; each rank now holds a shard. Set up the module before "
-                   "the optimizer steps, and load checkpoints through the Trainer or Fabric.");
-  }
+  LOCKSTEP_CHECK(optimizer.state().empty(), UsageError,
+                 "--strategy fsdp: the optimizer already has state for its parameters (it stepped, or loaded a "
+                 "state), shaped for whole parameters; each rank now holds a shard. Set up the module before "
+                 "the optimizer steps, and load checkpoints through the Trainer or Fabric.");
 }
 
 c10::Dict<std::string, torch::Tensor> FSDPStrategy::module_state_dict(const torch::nn::Module& module) {

@@ -5,11 +5,13 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
@@ -18,14 +20,11 @@
 #include <lockstep/distributed/sharding/shard_transport.h>
 #include <lockstep/distributed/sharding/sharding_options.h>
 
-namespace torch {
-namespace autograd {
-struct Node;
-}  // namespace autograd
-}  // namespace torch
-
 namespace lockstep {
 namespace distributed {
+namespace detail {
+class CommThread;
+}  // namespace detail
 
 /// The module-type-independent part of FullyShardedDataParallel.
 ///
@@ -94,6 +93,22 @@ class FullyShardedDataParallelBase {
   /// and with `strict` a parameter or buffer the state lacks (without it, those keep their values).
   void load_local_pieces(const std::map<std::string, at::Tensor>& pieces, bool strict = true);
 
+  /// Time in the engine's collectives since construction or reset_comm_times(), and how much of
+  /// it the training thread waited for. They run on a thread of their own: FULL_SHARD gathers the
+  /// next unit (in the order of the first forward) while this one computes, in forward and in
+  /// backward, and gradients are reduced while backward goes on.
+  struct CommTimes {
+    int64_t all_gathers = 0;         // gathers of a unit's parameters for forward and backward
+    double all_gather_s = 0;
+    double all_gather_waited_s = 0;  // of which the training thread waited
+    double reduce_s = 0;             // reduce-scatters (all-reduces with NO_SHARD and ZeRO-1)
+    double reduce_waited_s = 0;      // of which the end of backward waited
+    /// 1 - waited / total: the share of all-gather time hidden behind compute (0 with no gathers).
+    double all_gather_hidden_share() const;
+  };
+  CommTimes comm_times() const;
+  void reset_comm_times();
+
   /// The wrapped module, type-erased.
   const std::shared_ptr<torch::nn::Module>& base_module() const { return module_; }
   /// The module's parameters (for the optimizer).
@@ -116,7 +131,13 @@ class FullyShardedDataParallelBase {
   void build_units();
   void shard(Unit& unit);
   void gather(Unit& unit);
+  /// Waits for a gather of `unit` in flight (none: returns at once).
+  void wait_gathered(Unit& unit);
+  /// Starts gathering `unit` on the communication thread, unless it is gathered or on its way.
+  void prefetch(Unit& unit);
   void reshard(Unit& unit);
+  /// Waits for everything on the communication thread (before collectives of the training thread).
+  void settle();
   void begin_backward();
   void set_aside(Unit& unit, size_t index);
   void before_gradient(size_t parameter);
@@ -124,6 +145,7 @@ class FullyShardedDataParallelBase {
   void reduce_ready_units();
   void reduce(Unit& unit);
   void finish_backward();
+  void learn_forward_order();
   [[noreturn]] void fail(const std::string& message);
 
   std::shared_ptr<torch::nn::Module> module_;
@@ -134,15 +156,25 @@ class FullyShardedDataParallelBase {
   std::vector<std::pair<size_t, size_t>> where_;  // parameter -> (unit, index in unit)
   /// Where each of parameters() is: (unit, index in unit), or unit SIZE_MAX for one not sharded.
   std::vector<std::pair<size_t, size_t>> located(const std::vector<at::Tensor>& parameters) const;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  // std::shared_ptr in LibTorch 1.x, c10::intrusive_ptr in 2.x.
+  using Accumulator = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+  std::vector<Accumulator> accumulators_;
   std::vector<uintptr_t> hook_keys_;
   std::vector<const void*> pre_hooks_;  // ours, one per accumulator, removed on destruction
   std::vector<size_t> reduce_order_;  // units in the order their gradients are reduced
+  // Child units in the order the first training forward ran them; prefetches follow it.
+  std::vector<size_t> forward_order_;
+  bool forward_order_known_ = false;
+  std::vector<size_t> next_in_forward_, previous_in_forward_;  // unit -> unit, SIZE_MAX for none
+  mutable std::mutex times_mutex_;
+  CommTimes times_;
   size_t next_reduced_ = 0;
   bool in_backward_ = false;
   bool forward_prepared_ = false;  // a training forward went through the wrapper
   std::string why_not_shared_memory_;
   std::string error_;  // a failure inside backward, rethrown by the next call
+  // Last: destroyed first, finishing its queue while the units and the transport still exist.
+  std::unique_ptr<detail::CommThread> comm_;
 };
 
 /// Sharded data-parallel training of a module of type `ModuleType` (the Impl class, or

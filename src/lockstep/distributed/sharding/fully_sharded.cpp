@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -20,6 +21,8 @@
 #include <lockstep/core/error.h>
 #include <lockstep/distributed/collectives.h>
 #include <lockstep/distributed/module_state.h>
+
+#include "comm_thread.h"
 
 namespace lockstep {
 namespace distributed {
@@ -55,6 +58,14 @@ void allocate_storage(const at::Tensor& tensor) {
   if (storage->nbytes() == bytes) return;
   storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
   storage->set_nbytes(bytes);
+}
+
+// The shared memory slot of each rank: larger units go through it in pieces. A slot the size of
+// the largest unit would put world size x that unit in every rank's resident memory.
+constexpr int64_t kSharedMemorySlotBytes = 16 << 20;
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 int64_t parameter_count(torch::nn::Module& module) {
@@ -151,12 +162,14 @@ struct FullyShardedDataParallelBase::Unit {
   at::Tensor full;     // every rank's shard together: the whole parameters, padded
   at::Tensor shard;    // this rank's part: an alias into `full`, or its own memory with FULL_SHARD
   at::Tensor reduced;  // the gradients this rank keeps: whole (NO_SHARD, ZeRO-1) or its shard
+  at::Tensor flat_grad;  // during backward: this backward's whole gradients, reduced from here
   std::vector<at::Tensor> whole;   // parameter i shaped, in `full`
   std::vector<at::Tensor> pieces;  // parameter i's piece, in `shard`
   std::vector<at::Tensor> grads;   // parameter i's kept gradient (whole or piece), in `reduced`
   std::vector<bool> arrived;       // parameter i got its gradient in this backward
   size_t pending = 0;
-  bool gathered = true;  // `full` holds the current parameters
+  bool gathered = true;  // `full` holds the current parameters, once `gathering` completes
+  detail::CommThread::Ticket gathering;  // an all-gather into `full` on the communication thread
   bool showing_whole = true;
   // Where the unit was a child of a Sequential: its entry there, restored on destruction.
   torch::nn::SequentialImpl* parent = nullptr;
@@ -182,10 +195,15 @@ FullyShardedDataParallelBase::FullyShardedDataParallelBase(std::shared_ptr<torch
   build_units();
   int64_t largest = 0;
   for (const auto& unit : units_) largest = std::max(largest, unit->layout.padded_numel() * unit->full.element_size());
-  transport_ = choose_shard_transport(group_, largest, options_.shared_memory(), &why_not_shared_memory_);
+  transport_ = choose_shard_transport(group_, std::min(largest, kSharedMemorySlotBytes), options_.shared_memory(),
+                                      &why_not_shared_memory_);
+  next_in_forward_.assign(units_.size(), SIZE_MAX);
+  previous_in_forward_.assign(units_.size(), SIZE_MAX);
+  comm_ = std::make_unique<detail::CommThread>();
 }
 
 FullyShardedDataParallelBase::~FullyShardedDataParallelBase() {
+  comm_.reset();  // finishes what is queued
   for (size_t i = 0; i < accumulators_.size(); ++i) {
     accumulators_[i]->del_post_hook(hook_keys_[i]);
     auto& pre = accumulators_[i]->pre_hooks();
@@ -294,13 +312,48 @@ void FullyShardedDataParallelBase::build_units() {
   reduce_order_.push_back(0);
 }
 
-void FullyShardedDataParallelBase::gather(Unit& unit) {
-  if (!unit.gathered) {
-    torch::NoGradGuard no_grad;
-    allocate_storage(unit.full);
-    transport_->all_gather(unit.shard, unit.full, "all_gather of unit '" + unit.name + "''s parameters");
-    unit.gathered = true;
+void FullyShardedDataParallelBase::prefetch(Unit& unit) {
+  if (unit.gathered) return;
+  allocate_storage(unit.full);
+  Unit* u = &unit;
+  unit.gathering = comm_->submit([this, u] {
+    const auto start = std::chrono::steady_clock::now();
+    transport_->all_gather(u->shard, u->full, "all_gather of unit '" + u->name + "''s parameters");
+    std::lock_guard<std::mutex> lock(times_mutex_);
+    times_.all_gathers += 1;
+    times_.all_gather_s += seconds_since(start);
+  });
+  unit.gathered = true;
+}
+
+void FullyShardedDataParallelBase::wait_gathered(Unit& unit) {
+  if (!unit.gathering.valid()) return;
+  const auto start = std::chrono::steady_clock::now();
+  const auto ticket = std::move(unit.gathering);
+  unit.gathering = {};
+  try {
+    // Each collective is bounded by the group's timeout; twice that covers one queued behind another.
+    detail::CommThread::wait(ticket, group_.timeout() * 2, group_.describe(),
+                             "the all_gather of unit '" + unit.name + "''s parameters");
+  } catch (const std::exception& e) {
+    fail(e.what());
   }
+  std::lock_guard<std::mutex> lock(times_mutex_);
+  times_.all_gather_waited_s += seconds_since(start);
+}
+
+void FullyShardedDataParallelBase::settle() {
+  try {
+    comm_->drain(group_.timeout() * 2, group_.describe());
+  } catch (const std::exception& e) {
+    fail(e.what());
+  }
+  for (auto& unit : units_) unit->gathering = {};
+}
+
+void FullyShardedDataParallelBase::gather(Unit& unit) {
+  prefetch(unit);
+  wait_gathered(unit);
   if (!unit.showing_whole) {
     for (size_t i = 0; i < unit.params.size(); ++i) unit.params[i].set_data(unit.whole[i]);
     unit.showing_whole = true;
@@ -314,6 +367,7 @@ void FullyShardedDataParallelBase::reshard(Unit& unit) {
     unit.showing_whole = false;
   }
   if (options_.sharding_strategy() == ShardingStrategy::full_shard && unit.gathered) {
+    wait_gathered(unit);  // a prefetch not used: let it land first
     free_storage(unit.full);
     unit.gathered = false;
   }
@@ -323,10 +377,12 @@ void FullyShardedDataParallelBase::prepare_forward() {
   if (!error_.empty()) throw DistributedError(error_);
   const bool training = torch::GradMode::is_enabled() && module_->is_training();
   if (training) forward_prepared_ = true;
+  gather(*units_.front());
   if (options_.sharding_strategy() == ShardingStrategy::full_shard) {
-    gather(*units_.front());
+    if (forward_order_known_ && !forward_order_.empty()) prefetch(*units_[forward_order_.front()]);
   } else {
-    for (auto& unit : units_) gather(*unit);
+    // Each child unit waits for its own gather before its forward (before_unit_forward).
+    for (auto& unit : units_) prefetch(*unit);
   }
 }
 
@@ -353,8 +409,8 @@ void FullyShardedDataParallelBase::begin_backward() {
 }
 
 void FullyShardedDataParallelBase::set_aside(Unit& unit, size_t i) {
-  // The kept gradient as the optimizer left it (zeroed in place, set to none, or accumulating),
-  // so that autograd accumulates the whole gradient of this backward into an empty .grad().
+  // The kept gradient as the optimizer left it (zeroed in place, set to none, or accumulating);
+  // autograd then adds this backward's gradient in place into the unit's flat buffer.
   torch::NoGradGuard no_grad;
   auto& grad = unit.params[i].mutable_grad();
   if (!grad.defined()) {
@@ -367,7 +423,8 @@ void FullyShardedDataParallelBase::set_aside(Unit& unit, size_t i) {
     }
     unit.grads[i].copy_(grad.reshape(unit.grads[i].sizes()));
   }
-  grad = at::Tensor();
+  if (!unit.flat_grad.defined()) unit.flat_grad = at::zeros({unit.layout.padded_numel()}, unit.full.options());
+  grad = alias(unit.flat_grad, unit.layout.offsets[i], unit.layout.shapes[i]);
 }
 
 void FullyShardedDataParallelBase::before_gradient(size_t parameter) {
@@ -397,33 +454,45 @@ void FullyShardedDataParallelBase::reduce_ready_units() {
 
 void FullyShardedDataParallelBase::reduce(Unit& unit) {
   torch::NoGradGuard no_grad;
-  const auto& layout = unit.layout;
-  auto flat = at::zeros({layout.padded_numel()}, unit.full.options());
   for (size_t i = 0; i < unit.params.size(); ++i) {
-    if (!unit.arrived[i]) {
-      set_aside(unit, i);  // no gradient in this backward: zero
-      continue;
-    }
-    auto& grad = unit.params[i].mutable_grad();
-    if (grad.defined()) flat.narrow(0, layout.offsets[i], layout.numels[i]).copy_(grad.reshape({-1}));
-    grad = at::Tensor();  // the whole gradient is not kept
+    if (!unit.arrived[i]) set_aside(unit, i);  // no gradient in this backward: zero
+    unit.params[i].mutable_grad() = at::Tensor();  // the whole gradient is in flat_grad
   }
-  const std::string what = "the gradients of unit '" + unit.name + "'";
-  if (unit.reduced.numel() == flat.numel()) {
-    all_reduce(group_, flat, ReduceOp::mean, CollectiveOptions().tag("FSDP all_reduce of " + what));
-    unit.reduced.add_(flat);
-  } else {
-    auto part = at::empty({layout.shard_numel}, flat.options());
-    transport_->reduce_scatter(flat, part, group_.world_size(), "reduce_scatter of " + what);
-    unit.reduced.add_(part);
-  }
+  // The parameters are not needed again in this backward: free them before reducing.
   if (options_.sharding_strategy() == ShardingStrategy::full_shard) reshard(unit);
+  auto flat = std::move(unit.flat_grad);
+  unit.flat_grad = at::Tensor();
+  if (!flat.defined()) flat = at::zeros({unit.layout.padded_numel()}, unit.full.options());  // no parameters
+  Unit* u = &unit;
+  comm_->submit([this, u, flat = std::move(flat)]() mutable {
+    torch::NoGradGuard no_grad;
+    const auto start = std::chrono::steady_clock::now();
+    const std::string what = "the gradients of unit '" + u->name + "'";
+    if (u->reduced.numel() == flat.numel()) {
+      all_reduce(group_, flat, ReduceOp::mean, CollectiveOptions().tag("FSDP all_reduce of " + what));
+      u->reduced.add_(flat);
+    } else {
+      auto part = at::empty({u->layout.shard_numel}, flat.options());
+      transport_->reduce_scatter(flat, part, group_.world_size(), "reduce_scatter of " + what);
+      u->reduced.add_(part);
+    }
+    flat = at::Tensor();
+    std::lock_guard<std::mutex> lock(times_mutex_);
+    times_.reduce_s += seconds_since(start);
+  });
 }
 
 void FullyShardedDataParallelBase::finish_backward() {
   // Units with parameters that got no gradient (not used by this forward) count them as zero.
   for (auto& unit : units_) unit->pending = 0;
   reduce_ready_units();
+  const auto start = std::chrono::steady_clock::now();
+  settle();
+  {
+    std::lock_guard<std::mutex> lock(times_mutex_);
+    times_.reduce_waited_s += seconds_since(start);
+  }
+  if (!forward_order_known_) learn_forward_order();
   for (auto& unit : units_) {
     reshard(*unit);
     // With ZeRO-1 and SHARD_GRAD_OP `full` keeps its memory; the step changes the shards, so the
@@ -435,19 +504,63 @@ void FullyShardedDataParallelBase::finish_backward() {
   forward_prepared_ = false;
 }
 
+void FullyShardedDataParallelBase::learn_forward_order() {
+  forward_order_known_ = true;
+  for (size_t k = 0; k + 1 < forward_order_.size(); ++k) {
+    next_in_forward_[forward_order_[k]] = forward_order_[k + 1];
+    previous_in_forward_[forward_order_[k + 1]] = forward_order_[k];
+  }
+  // Gradients are ready in the reverse of that order: reduce them so (the same on every rank,
+  // which ran the same forward), then units that forward did not run, the root last.
+  std::vector<size_t> order(forward_order_.rbegin(), forward_order_.rend());
+  for (size_t u : reduce_order_) {
+    if (std::find(order.begin(), order.end(), u) == order.end()) order.push_back(u);
+  }
+  reduce_order_ = std::move(order);
+}
+
 void FullyShardedDataParallelBase::before_unit_forward(size_t unit) {
-  if (options_.sharding_strategy() == ShardingStrategy::full_shard) gather(*units_[unit]);
+  if (!forward_order_known_ && forward_prepared_ &&
+      std::find(forward_order_.begin(), forward_order_.end(), unit) == forward_order_.end()) {
+    forward_order_.push_back(unit);
+  }
+  gather(*units_[unit]);
+  if (options_.sharding_strategy() == ShardingStrategy::full_shard && next_in_forward_[unit] != SIZE_MAX) {
+    prefetch(*units_[next_in_forward_[unit]]);
+  }
 }
 
 void FullyShardedDataParallelBase::after_unit_forward(size_t unit, const at::Tensor& output) {
   if (options_.sharding_strategy() != ShardingStrategy::full_shard) return;
-  reshard(*units_[unit]);
-  // Backward reaches this output before anything that used the unit's parameters.
-  if (output.requires_grad()) output.register_hook([this, unit](const at::Tensor&) { gather(*units_[unit]); });
+  // The last unit of forward is the first of backward: it stays gathered for it.
+  const bool backward_next = output.requires_grad() && forward_order_known_ && unit == forward_order_.back();
+  if (!backward_next) reshard(*units_[unit]);
+  if (!output.requires_grad()) return;
+  // Backward reaches this output before anything that used the unit's parameters; the unit
+  // before it in forward is gathered meanwhile.
+  output.register_hook([this, unit](const at::Tensor&) {
+    gather(*units_[unit]);
+    if (previous_in_forward_[unit] != SIZE_MAX) prefetch(*units_[previous_in_forward_[unit]]);
+  });
+}
+
+FullyShardedDataParallelBase::CommTimes FullyShardedDataParallelBase::comm_times() const {
+  std::lock_guard<std::mutex> lock(times_mutex_);
+  return times_;
+}
+
+void FullyShardedDataParallelBase::reset_comm_times() {
+  std::lock_guard<std::mutex> lock(times_mutex_);
+  times_ = CommTimes();
+}
+
+double FullyShardedDataParallelBase::CommTimes::all_gather_hidden_share() const {
+  return all_gather_s > 0 ? std::max(0.0, 1.0 - all_gather_waited_s / all_gather_s) : 0.0;
 }
 
 double FullyShardedDataParallelBase::clip_grad_norm(double max_norm, double norm_type) {
   if (!error_.empty()) throw DistributedError(error_);
+  settle();  // the training thread's collectives do not overtake queued ones
   if (!(max_norm > 0) || !(norm_type > 0)) {
     throw UsageError("FullyShardedDataParallel::clip_grad_norm: max_norm and norm_type must be positive (given " +
                      std::to_string(max_norm) + " and " + std::to_string(norm_type) + ").");
@@ -482,6 +595,7 @@ double FullyShardedDataParallelBase::clip_grad_norm(double max_norm, double norm
 
 std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallelBase::full_state_dict() {
   if (!error_.empty()) throw DistributedError(error_);
+  settle();  // the training thread's collectives do not overtake queued ones
   torch::NoGradGuard no_grad;
   std::unordered_map<const void*, at::Tensor> whole;
   for (auto& unit : units_) {
@@ -519,6 +633,7 @@ std::vector<std::pair<size_t, size_t>> FullyShardedDataParallelBase::located(
 
 std::vector<at::Tensor> FullyShardedDataParallelBase::gather_pieces(const std::vector<at::Tensor>& pieces) {
   if (!error_.empty()) throw DistributedError(error_);
+  settle();  // the training thread's collectives do not overtake queued ones
   torch::NoGradGuard no_grad;
   const auto params = parameters();
   LOCKSTEP_CHECK(pieces.size() == params.size(), UsageError, "FullyShardedDataParallel::gather_pieces: ", pieces.size(),
@@ -566,6 +681,7 @@ at::Tensor FullyShardedDataParallelBase::piece_of(const at::Tensor& parameter, c
 
 void FullyShardedDataParallelBase::load_full_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& state,
                                                         bool strict) {
+  settle();  // no gather in flight into the units being loaded
   torch::NoGradGuard no_grad;
   std::unordered_map<std::string, at::Tensor> by_name(state.begin(), state.end());
   // The value for `name`, or undefined where a state that is not strict lacks it.
@@ -637,6 +753,7 @@ at::Tensor FullyShardedDataParallelBase::local_piece(const at::Tensor& parameter
 }
 
 void FullyShardedDataParallelBase::load_local_pieces(const std::map<std::string, at::Tensor>& pieces, bool strict) {
+  settle();  // no gather in flight into the units being loaded
   torch::NoGradGuard no_grad;
   const auto take = [&](const std::string& name, int64_t numel) {
     const auto found = pieces.find(name);

@@ -212,6 +212,90 @@ TEST(FullyShardedDataParallel, TwoRunsAreBitIdentical) {
   for (size_t k = 0; k < first[0].size(); ++k) EXPECT_TRUE(first[0][k].equal(second[0][k])) << "parameter " << k;
 }
 
+// How often each step gathers, counted by the engine: FULL_SHARD's first step gathers the root and
+// each child unit before its forward and again before its backward; later steps keep the last
+// unit of forward gathered for backward (one gather fewer). SHARD_GRAD_OP starts whole and
+// gathers each unit once after each step.
+TEST(FullyShardedDataParallel, GathersPerStepFollowTheSharding) {
+  for (auto [strategy, first, later] : {std::tuple{ShardingStrategy::full_shard, 5, 4},
+                                        std::tuple{ShardingStrategy::shard_grad_op, 0, 3}}) {
+    std::vector<torch::nn::Sequential> models{mlp(), mlp()};
+    run_ranks(2, [&, strategy = strategy, first = first, later = later](ProcessGroup& g) {
+      FullyShardedDataParallel fsdp(models[g.rank()], g,
+                                    ShardingOptions().sharding_strategy(strategy).auto_wrap_min_params(1000));
+      torch::optim::Adam opt(fsdp.parameters(), torch::optim::AdamOptions(0.01));
+      for (int s = 0; s < 3; ++s) {
+        fsdp.reset_comm_times();
+        opt.zero_grad();
+        torch::cross_entropy_loss(fsdp.forward(torch::randn({kPerRank, 20})), torch::zeros({kPerRank}, torch::kLong))
+            .backward();
+        opt.step();
+        const auto times = fsdp.comm_times();
+        EXPECT_EQ(times.all_gathers, s == 0 ? first : later) << to_string(strategy) << " step " << s;
+        EXPECT_GE(times.all_gather_hidden_share(), 0.0);
+        EXPECT_LE(times.all_gather_hidden_share(), 1.0);
+        EXPECT_GT(times.reduce_s, 0.0);
+      }
+    });
+  }
+}
+
+// Three Sequentials that forward runs in another order than the module registers them (b, c,
+// a), c skipped on odd steps: prefetching follows the first forward's order, and a unit gathered
+// ahead but not used ends the step with its shard. Gradients are zeroed in place on both sides,
+// so that the skipped unit steps on zeros in both.
+struct ThreeStacksImpl : torch::nn::Module {
+  ThreeStacksImpl()
+      : a(register_module("a", torch::nn::Sequential(torch::nn::Linear(64, 10)))),
+        b(register_module("b", torch::nn::Sequential(torch::nn::Linear(20, 64), torch::nn::ReLU()))),
+        c(register_module("c", torch::nn::Sequential(torch::nn::Linear(64, 64), torch::nn::ReLU()))) {}
+  at::Tensor forward(at::Tensor x, bool skip_c) {
+    auto h = b->forward(x);
+    if (!skip_c) h = c->forward(h);
+    return a->forward(h);
+  }
+  torch::nn::Sequential a, b, c;
+};
+TORCH_MODULE(ThreeStacks);
+
+TEST(FullyShardedDataParallel, PrefetchFollowsTheForwardOrderAndSkippedUnitsStaySharded) {
+  auto zero = [](const std::vector<at::Tensor>& params) {
+    for (const auto& p : params) {
+      if (p.grad().defined()) p.grad().zero_();
+    }
+  };
+  torch::manual_seed(5);
+  const auto init = clone_all(ThreeStacks()->parameters());
+  const Data data(12, 2 * kPerRank);
+  auto reference = ThreeStacks();
+  copy_into(reference->parameters(), init);
+  torch::optim::Adam ref_opt(reference->parameters(), torch::optim::AdamOptions(0.01));
+  for (int s = 0; s < 12; ++s) {
+    zero(reference->parameters());
+    torch::cross_entropy_loss(reference->forward(data.inputs[s], s % 2 == 1), data.targets[s]).backward();
+    ref_opt.step();
+  }
+  std::vector<ThreeStacks> models{ThreeStacks(), ThreeStacks()};
+  copy_into(models[0]->parameters(), init);
+  std::vector<std::vector<at::Tensor>> result(2);
+  run_ranks(2, [&](ProcessGroup& g) {
+    FullyShardedDataParallel fsdp(models[g.rank()], g,
+                                  ShardingOptions().sharding_strategy(ShardingStrategy::full_shard).auto_wrap_min_params(500));
+    ASSERT_EQ(fsdp.unit_count(), 4u);  // a.0, b.0, c.0 and the empty root
+    torch::optim::Adam opt(fsdp.parameters(), torch::optim::AdamOptions(0.01));
+    for (int s = 0; s < 12; ++s) {
+      zero(fsdp.parameters());
+      const auto x = data.inputs[s].narrow(0, g.rank() * kPerRank, kPerRank);
+      const auto y = data.targets[s].narrow(0, g.rank() * kPerRank, kPerRank);
+      torch::cross_entropy_loss(fsdp.forward(x, s % 2 == 1), y).backward();
+      opt.step();
+    }
+    for (const auto& item : fsdp.full_state_dict()) result[g.rank()].push_back(item.second);
+  });
+  const auto names = lockstep::testing::parameter_names(*reference);
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(parameters_close(result[r], clone_all(reference->parameters()), kTolerance, names));
+}
+
 // A forward that bypasses the wrapper cannot silently skip the reduction.
 TEST(FullyShardedDataParallel, ABackwardWithoutTheWrappersForwardFailsNamingIt) {
   std::vector<torch::nn::Sequential> models{mlp(), mlp()};
