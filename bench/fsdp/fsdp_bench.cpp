@@ -6,8 +6,9 @@
 // strategies, with every Linear of at least --auto-wrap-min-params parameters a unit.
 // Prints one JSON line on rank 0: steps/s over the timed steps, the final loss (mean over the
 // ranks), every rank's peak RSS, its floor (the RSS once LibTorch and the process group are up,
-// before the model is built) and its shared-memory RSS at the end, and the time the training
-// thread waited for all-gathers. bench/run runs it beside the Python side and compares.
+// before the model is built) and its shared-memory RSS at the end, the all-gathers' time per step,
+// how long the training thread waited for them and the share hidden behind compute (the engine's
+// comm_times()). bench/run runs it beside the Python side and compares.
 #include <sys/resource.h>
 
 #include <chrono>
@@ -46,64 +47,13 @@ std::vector<int64_t> widths(const std::string& model) {
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
-// Where the training thread waits for all-gathers: FullyShardedDataParallel gathers a unit in the
-// Sequential entry that replaces it, before the unit's forward, and in a hook on the unit's output
-// before its backward. Probes on both sides of each unit time those waits without touching the
-// engine: GatherStart before the unit, the unit's own Timed wrapper (its forward begins once the
-// gather is done; it stamps the backward's start in a hook registered before the engine's), and
-// GatherEnd after it (its hook on the same output runs after the engine's).
-struct GatherClock {
-  Clock::time_point forward_start, backward_start;
-  double waited_s = 0;
-};
-
-struct GatherStartImpl : torch::nn::Module {
-  explicit GatherStartImpl(std::shared_ptr<GatherClock> clock) : clock(std::move(clock)) {}
-  torch::Tensor forward(torch::Tensor x) {
-    clock->forward_start = Clock::now();
-    return x;
-  }
-  std::shared_ptr<GatherClock> clock;
-};
-TORCH_MODULE(GatherStart);
-
-struct TimedImpl : torch::nn::Module {
-  TimedImpl(int64_t in, int64_t out, std::shared_ptr<GatherClock> clock)
-      : linear(register_module("linear", torch::nn::Linear(in, out))), clock(std::move(clock)) {}
-  torch::Tensor forward(torch::Tensor x) {
-    clock->waited_s += seconds_since(clock->forward_start);
-    auto y = linear->forward(x);
-    if (y.requires_grad()) {
-      y.register_hook([clock = clock](const torch::Tensor&) { clock->backward_start = Clock::now(); });
-    }
-    return y;
-  }
-  torch::nn::Linear linear;
-  std::shared_ptr<GatherClock> clock;
-};
-TORCH_MODULE(Timed);
-
-struct GatherEndImpl : torch::nn::Module {
-  explicit GatherEndImpl(std::shared_ptr<GatherClock> clock) : clock(std::move(clock)) {}
-  torch::Tensor forward(torch::Tensor y) {
-    if (y.requires_grad()) {
-      y.register_hook([clock = clock](const torch::Tensor&) { clock->waited_s += seconds_since(clock->backward_start); });
-    }
-    return y;
-  }
-  std::shared_ptr<GatherClock> clock;
-};
-TORCH_MODULE(GatherEnd);
-
-// The MLP: Linear, ReLU, ..., Linear, each Linear between its probes. Linears are created in
-// forward order, as in fsdp_bench.py, so that both sides draw the same initial weights.
+// The MLP: Linear, ReLU, ..., Linear. Linears are created in forward order, as in fsdp_bench.py,
+// so that both sides draw the same initial weights.
 struct NetImpl : torch::nn::Module {
-  NetImpl(const std::string& model, const std::shared_ptr<GatherClock>& clock) {
+  explicit NetImpl(const std::string& model) {
     const auto w = widths(model);
     for (size_t i = 0; i + 1 < w.size(); ++i) {
-      layers->push_back(GatherStart(clock));
-      layers->push_back(Timed(w[i], w[i + 1], clock));
-      layers->push_back(GatherEnd(clock));
+      layers->push_back(torch::nn::Linear(w[i], w[i + 1]));
       if (i + 2 < w.size()) layers->push_back(torch::nn::ReLU());
     }
     register_module("layers", layers);
@@ -167,8 +117,7 @@ int run(int argc, char** argv) {
   const double floor_mb = status_mb("VmRSS");
 
   torch::manual_seed(0);
-  auto clock = std::make_shared<GatherClock>();
-  auto net = std::make_shared<NetImpl>(model, clock);
+  auto net = std::make_shared<NetImpl>(model);
   int64_t parameters = 0;
   for (const auto& p : net->parameters()) parameters += p.numel();
   std::unique_ptr<distributed::DistributedDataParallel<NetImpl>> ddp;
@@ -191,22 +140,10 @@ int run(int argc, char** argv) {
     xs.push_back(torch::randn({batch, 784}, generator));
     ys.push_back(torch::randint(10, {batch}, generator, torch::kInt64));
   }
-  double loss_value = 0, prepare_s = 0;
-  // zero_grad() first: FullyShardedDataParallel sets the gradients aside in forward, so a
-  // zero_grad() between forward and backward would not reach them.
+  double loss_value = 0;
   auto step = [&](int i) {
     optimizer.zero_grad();
-    torch::Tensor out;
-    if (ddp) {
-      out = ddp->forward(xs[i % 8]);
-    } else {
-      // What fsdp->forward() does, with the gathers before the forward (ZeRO-1, SHARD_GRAD_OP:
-      // every unit; FULL_SHARD: the root) timed.
-      const auto start = Clock::now();
-      fsdp->prepare_forward();
-      prepare_s += seconds_since(start);
-      out = net->forward(xs[i % 8]);
-    }
+    auto out = ddp ? ddp->forward(xs[i % 8]) : fsdp->forward(xs[i % 8]);
     auto loss = torch::nn::functional::cross_entropy(out, ys[i % 8]);
     loss.backward();
     optimizer.step();
@@ -216,12 +153,12 @@ int run(int argc, char** argv) {
   const double first_step_unix = unix_seconds();
   for (int i = 1; i < warmup; ++i) step(i);
   distributed::barrier(*group, "timed_start");
-  clock->waited_s = prepare_s = 0;
+  if (fsdp) fsdp->reset_comm_times();
   const auto start = Clock::now();
   for (int i = warmup; i < warmup + steps; ++i) step(i);
   distributed::barrier(*group, "timed_end");
   const double seconds = seconds_since(start);
-  const double gather_s = fsdp && group->world_size() > 1 ? (clock->waited_s + prepare_s) / steps : 0.0;
+  const auto comm = fsdp ? fsdp->comm_times() : distributed::FullyShardedDataParallelBase::CommTimes();
 
   auto loss = distributed::all_reduce(*group, torch::tensor({loss_value}, torch::kFloat64), distributed::ReduceOp::mean);
   rusage usage{};
@@ -229,7 +166,9 @@ int run(int argc, char** argv) {
   const auto peak = per_rank(*group, static_cast<double>(usage.ru_maxrss) / 1024.0);
   const auto floors = per_rank(*group, floor_mb);
   const auto shmem = per_rank(*group, status_mb("RssShmem"));
-  const auto gathers = per_rank(*group, gather_s);
+  const auto gathers = per_rank(*group, comm.all_gather_s / steps);
+  const auto waits = per_rank(*group, comm.all_gather_waited_s / steps);
+  const auto hidden = per_rank(*group, comm.all_gather_hidden_share());
   std::string transport = "none (one rank)";
   if (group->world_size() > 1) {
     const std::string why_not = ddp ? ddp->why_not_shared_memory() : fsdp->why_not_shared_memory();
@@ -251,12 +190,12 @@ int run(int argc, char** argv) {
                        {"floor_rss_mb", floors},
                        {"peak_rss_mb", peak},
                        {"shmem_rss_mb_at_end", shmem},
-                       {"all_gather_wait_s_per_step", gathers}};
-    // The engine gathers on the training thread, one unit at a time, without prefetch: the wait
-    // is the whole all-gather time and none of it is hidden behind compute.
+                       {"all_gather_s_per_step", gathers},
+                       {"all_gather_wait_s_per_step", waits}};
+    // The share of all-gather time the training thread did not wait for (the engine's
+    // comm_times(): gathers run on its communication thread, prefetched in forward and backward).
     if (fsdp && group->world_size() > 1 && strategy != distributed::ShardingStrategy::no_shard) {
-      out["all_gather_hidden_share"] = 0.0;
-      out["all_gather_note"] = "gathered synchronously on the training thread (no prefetch): none hidden";
+      out["all_gather_hidden_share"] = hidden;
     }
     std::cout << out.dump() << std::endl;
   }

@@ -57,6 +57,14 @@ struct PlanOptions {
   /// many parameters is gathered only around its own forward and backward; 0: the whole model
   /// is one unit. Default: 0.
   TORCH_ARG(int64_t, fsdp_auto_wrap_min_params) = 0;
+  /// With --strategy fsdp, units by type (comma-separated, as Module::name() gives them, with or
+  /// without namespace and "Impl": "Block,Conv2d"): each child of a torch::nn::Sequential of one
+  /// of these types is a unit. Lightning's auto_wrap_policy={Block}. Default: "" (none).
+  TORCH_ARG(std::string, fsdp_auto_wrap_types) = "";
+  /// With --strategy fsdp, activation checkpointing by type (comma-separated, named as above):
+  /// Sequential children of these types are units whose activations backward recomputes.
+  /// Lightning's activation_checkpointing_policy={Block}. Default: "" (none).
+  TORCH_ARG(std::string, fsdp_activation_checkpointing_types) = "";
   /// With --strategy fsdp, how the Trainer saves checkpoints: "full" (whole tensors gathered from
   /// every rank, one file that Python and any strategy load) or "sharded" (a directory with each
   /// rank's pieces; see checkpoint/sharded_checkpoint.h), as Lightning's FSDPStrategy
@@ -95,6 +103,8 @@ struct PlanOptionsOf : PlanOptions {
   LOCKSTEP_PLAN_OPTION(max_restarts)
   LOCKSTEP_PLAN_OPTION(fsdp_sharding)
   LOCKSTEP_PLAN_OPTION(fsdp_auto_wrap_min_params)
+  LOCKSTEP_PLAN_OPTION(fsdp_auto_wrap_types)
+  LOCKSTEP_PLAN_OPTION(fsdp_activation_checkpointing_types)
   LOCKSTEP_PLAN_OPTION(fsdp_state_dict_type)
   LOCKSTEP_PLAN_OPTION(trainer_variables)
 #undef LOCKSTEP_PLAN_OPTION

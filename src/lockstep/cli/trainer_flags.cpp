@@ -196,6 +196,10 @@ void add_plan_flags(CLI::App& app, PlanOptions& o) {
   add(app, "--fsdp-auto-wrap-min-params", o.fsdp_auto_wrap_min_params(),
       "with --strategy fsdp: Sequential children with this many parameters are units of their own (0: one unit)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
+  add(app, "--fsdp-auto-wrap-types", o.fsdp_auto_wrap_types(),
+      "with --strategy fsdp: Sequential children of these types (comma-separated: Block,Conv2d) are units");
+  add(app, "--fsdp-activation-checkpointing-types", o.fsdp_activation_checkpointing_types(),
+      "with --strategy fsdp: Sequential children of these types are units whose activations backward recomputes");
   add(app, "--fsdp-state-dict-type", o.fsdp_state_dict_type(),
       "with --strategy fsdp: full|sharded: checkpoints whole in one file, or each rank's pieces in a directory");
 }

@@ -7,6 +7,9 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include <lockstep/accelerators/device_parser.h>
 #include <lockstep/core/error.h>
@@ -143,16 +146,34 @@ std::shared_ptr<strategies::Strategy> strategy_for(const PlanOptions& o, int pro
   return strategies::create_strategy(name);
 }
 
+// "Block, Conv2d" -> {"Block", "Conv2d"}.
+std::vector<std::string> type_names(const std::string& list) {
+  std::vector<std::string> names;
+  std::stringstream in(list);
+  for (std::string name; std::getline(in, name, ',');) {
+    name.erase(0, name.find_first_not_of(" \t"));
+    name.erase(name.find_last_not_of(" \t") + 1);
+    if (!name.empty()) names.push_back(name);
+  }
+  return names;
+}
+
 // --fsdp-* set the sharding of --strategy fsdp (or of an FSDPStrategy object, where they are not
 // at their defaults); with any other strategy they are refused.
 void apply_sharding_options(const PlanOptions& o, strategies::Strategy& strategy) {
   const PlanOptions d;
   const bool sharding_set = o.fsdp_sharding() != d.fsdp_sharding();
   const bool units_set = o.fsdp_auto_wrap_min_params() != d.fsdp_auto_wrap_min_params();
+  const bool types_set = o.fsdp_auto_wrap_types() != d.fsdp_auto_wrap_types();
+  const bool checkpointing_set = o.fsdp_activation_checkpointing_types() != d.fsdp_activation_checkpointing_types();
   const bool state_set = o.fsdp_state_dict_type() != d.fsdp_state_dict_type();
   auto* fsdp = dynamic_cast<strategies::FSDPStrategy*>(&strategy);
   if (!fsdp) {
     LOCKSTEP_CHECK(!state_set, UsageError, "--fsdp-state-dict-type ", o.fsdp_state_dict_type(),
+                   " is for --strategy fsdp, but the strategy is ", strategy.name(), ". Add --strategy fsdp, or drop it.");
+    LOCKSTEP_CHECK(!types_set && !checkpointing_set, UsageError,
+                   types_set ? "--fsdp-auto-wrap-types " + o.fsdp_auto_wrap_types()
+                             : "--fsdp-activation-checkpointing-types " + o.fsdp_activation_checkpointing_types(),
                    " is for --strategy fsdp, but the strategy is ", strategy.name(), ". Add --strategy fsdp, or drop it.");
     LOCKSTEP_CHECK(!sharding_set && !units_set, UsageError, sharding_set ? "--fsdp-sharding " : "",
                    sharding_set ? o.fsdp_sharding() : "", sharding_set && units_set ? " and " : "",
@@ -171,6 +192,10 @@ void apply_sharding_options(const PlanOptions& o, strategies::Strategy& strategy
   LOCKSTEP_CHECK(o.fsdp_auto_wrap_min_params() >= 0, UsageError, "--fsdp-auto-wrap-min-params ",
                  o.fsdp_auto_wrap_min_params(), " is negative; give 0 (one unit) or a parameter count.");
   if (units_set) fsdp->sharding_options().auto_wrap_min_params(o.fsdp_auto_wrap_min_params());
+  if (types_set) fsdp->sharding_options().auto_wrap_module_types(type_names(o.fsdp_auto_wrap_types()));
+  if (checkpointing_set) {
+    fsdp->sharding_options().activation_checkpointing_module_types(type_names(o.fsdp_activation_checkpointing_types()));
+  }
   if (state_set) {
     try {
       fsdp->state_dict_type(strategies::parse_state_dict_type(o.fsdp_state_dict_type()));

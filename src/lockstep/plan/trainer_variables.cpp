@@ -102,6 +102,9 @@ void apply_trainer_variables(PlanOptions& o, const environments::Environ& enviro
   v.set("fsdp_sharding", o.fsdp_sharding(), d.fsdp_sharding());
   v.set("fsdp_auto_wrap_min_params", o.fsdp_auto_wrap_min_params(), d.fsdp_auto_wrap_min_params(), 0,
         int64_t{1} << 50);
+  v.set("fsdp_auto_wrap_types", o.fsdp_auto_wrap_types(), d.fsdp_auto_wrap_types());
+  v.set("fsdp_activation_checkpointing_types", o.fsdp_activation_checkpointing_types(),
+        d.fsdp_activation_checkpointing_types());
   v.set("fsdp_state_dict_type", o.fsdp_state_dict_type(), d.fsdp_state_dict_type());
   o.trainer_variables(false);
 }

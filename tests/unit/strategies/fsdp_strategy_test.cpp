@@ -38,6 +38,21 @@ TEST(FSDPStrategyFlags, TheShardingAndTheUnitsReachTheWrapper) {
   });
 }
 
+// --fsdp-auto-wrap-types and --fsdp-activation-checkpointing-types reach the wrapper's options and
+// make units (what checkpointing does: FullyShardedDataParallel.Checkpoint* tests).
+TEST(FSDPStrategyFlags, UnitsByTypeAndCheckpointingReachTheWrapper) {
+  std::vector<torch::nn::Sequential> models{model(), model()};
+  auto options = fsdp_ranks().fsdp_auto_wrap_types("ReLU, torch::nn::Linear").fsdp_activation_checkpointing_types("Linear");
+  run_plan_ranks(2, options, [&](ExecutionPlan& plan) {
+    auto& fsdp = dynamic_cast<strategies::FSDPStrategy&>(*plan.strategy);
+    fsdp.setup_module(models[plan.strategy->global_rank()].ptr());
+    const auto& o = fsdp.fsdp()->options();
+    EXPECT_EQ(o.auto_wrap_module_types(), (std::vector<std::string>{"ReLU", "torch::nn::Linear"}));
+    EXPECT_EQ(o.activation_checkpointing_module_types(), (std::vector<std::string>{"Linear"}));
+    EXPECT_EQ(fsdp.fsdp()->unit_count(), 4u) << "two Linear units, one ReLU unit and the root";
+  });
+}
+
 TEST(FSDPStrategyOptimizers, LbfgsAndAnOptimizerWithStateAreRefused) {
   std::vector<torch::nn::Sequential> models{model(), model()};
   run_plan_ranks(2, fsdp_ranks(), [&](ExecutionPlan& plan) {

@@ -56,6 +56,8 @@ TEST_F(TrainerBadInput, EveryCaseExitsTwoAndNamesTheFix) {
       {{"--fsdp-auto-wrap-min-params", "1000"}, {}, "Add --strategy fsdp, or drop them"},
       {{"--strategy", "fsdp", "--fsdp-state-dict-type", "local"}, {}, "--fsdp-state-dict-type: unknown state dict type 'local'"},
       {{"--fsdp-state-dict-type", "sharded"}, {}, "Add --strategy fsdp, or drop it"},
+      {{"--fsdp-activation-checkpointing-types", "Linear"}, {}, "Add --strategy fsdp, or drop it"},
+      {{"--strategy", "fsdp", "--fsdp-auto-wrap-types", "Block"}, {}, "no child of a torch::nn::Sequential"},
       {{"--strategy", "dp"}, {}, "Use --strategy ddp"},
       {{"--strategy", "ddp_spawn"}, {}, "ddp_fork"},
       {{"--strategy", "nope"}, {}, "Use auto or one of"},

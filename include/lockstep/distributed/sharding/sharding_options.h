@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <torch/arg.h>
 
@@ -33,6 +34,7 @@ std::string to_string(ShardingStrategy strategy);
 /// How FullyShardedDataParallel shards a module.
 ///
 ///   FullyShardedDataParallel fsdp(net, *group, ShardingOptions().auto_wrap_min_params(1'000'000));
+///   FullyShardedDataParallel fsdp(net, *group, ShardingOptions().activation_checkpointing_module_types({"Block"}));
 struct ShardingOptions {
   /// Default: full_shard, as PyTorch's FSDP and Lightning's FSDPStrategy.
   TORCH_ARG(ShardingStrategy, sharding_strategy) = ShardingStrategy::full_shard;
@@ -42,6 +44,16 @@ struct ShardingOptions {
   /// module is the root unit. 0: the whole module is one unit. Default: 0, as Lightning's
   /// FSDPStrategy without an auto_wrap_policy.
   TORCH_ARG(int64_t, auto_wrap_min_params) = 0;
+  /// Units by type (the auto-wrap policy, by module type): every child of a Sequential whose
+  /// type is one of these is a unit, whatever its size. A type is named as Module::name() gives
+  /// it, with or without its namespace and "Impl": "Block" matches my::BlockImpl. A name that
+  /// matches no child of a Sequential is a UsageError listing those there are.
+  TORCH_ARG(std::vector<std::string>, auto_wrap_module_types) = {};
+  /// Activation checkpointing by module type (named as above): children of a Sequential of these
+  /// types become units whose forward keeps no activations, only its input; backward runs their
+  /// forward again (with the random numbers of the first: dropout masks repeat) and
+  /// differentiates that. Memory for one more forward of those units. Default: none.
+  TORCH_ARG(std::vector<std::string>, activation_checkpointing_module_types) = {};
   /// Reduce-scatter and all-gather in memory shared by the ranks of one host (CPU float32 and
   /// float64 parameters, more than one rank), as DDPOptions::shared_memory; otherwise through
   /// the process group. LOCKSTEP_DDP_SHARED_MEMORY=0 turns it off too. Default: true.

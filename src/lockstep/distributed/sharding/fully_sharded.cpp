@@ -22,6 +22,7 @@
 #include <lockstep/distributed/collectives.h>
 #include <lockstep/distributed/module_state.h>
 
+#include "activation_checkpoint.h"
 #include "comm_thread.h"
 
 namespace lockstep {
@@ -78,11 +79,11 @@ int64_t parameter_count(torch::nn::Module& module) {
 // child in its Sequential (the child itself stays registered, so names do not change).
 class UnitForward : public torch::nn::Module {
  public:
-  UnitForward(FullyShardedDataParallelBase* engine, size_t unit, torch::nn::AnyModule inner)
-      : engine_(engine), unit_(unit), inner_(std::move(inner)) {}
+  UnitForward(FullyShardedDataParallelBase* engine, size_t unit, torch::nn::AnyModule inner, bool checkpointed)
+      : engine_(engine), unit_(unit), inner_(std::move(inner)), checkpointed_(checkpointed) {}
   at::Tensor forward(at::Tensor input) {
     engine_->before_unit_forward(unit_);
-    auto output = inner_.forward(input);
+    auto output = checkpointed_ ? detail::checkpointed_forward(inner_, input) : inner_.forward(input);
     engine_->after_unit_forward(unit_, output);
     return output;
   }
@@ -92,6 +93,7 @@ class UnitForward : public torch::nn::Module {
   FullyShardedDataParallelBase* engine_;
   size_t unit_;
   torch::nn::AnyModule inner_;
+  bool checkpointed_;
 };
 
 // Runs before a parameter's gradient is accumulated.
@@ -112,23 +114,73 @@ struct ChildUnit {
   std::string name;  // its path in the module: "layers.3"
   torch::nn::SequentialImpl* parent;
   size_t index;
+  bool checkpointed;
 };
 
-void find_child_units(torch::nn::Module& module, const std::string& prefix, int64_t min_params,
+// "my::BlockImpl" -> "my::Block".
+std::string without_impl(const std::string& name) {
+  const std::string impl = "Impl";
+  return name.size() > impl.size() && name.compare(name.size() - impl.size(), impl.size(), impl) == 0
+             ? name.substr(0, name.size() - impl.size())
+             : name;
+}
+
+// Whether a module whose Module::name() is `type_name` is named in `types` (with or without
+// namespace and "Impl").
+bool is_one_of(const std::string& type_name, const std::vector<std::string>& types) {
+  const auto name = without_impl(type_name);
+  for (const auto& given : types) {
+    const auto type = without_impl(given);
+    if (name == type || (name.size() > type.size() + 2 && name.compare(name.size() - type.size(), type.size(), type) == 0 &&
+                         name.compare(name.size() - type.size() - 2, 2, "::") == 0)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+struct UnitPolicy {
+  int64_t min_params;
+  std::vector<std::string> types, checkpointed;
+  std::vector<std::string> seen;  // the types of Sequentials' children, for messages
+};
+
+void find_child_units(torch::nn::Module& module, const std::string& prefix, UnitPolicy& policy,
                       std::vector<ChildUnit>& found) {
   const auto children = module.named_children();
   if (auto* sequential = dynamic_cast<torch::nn::SequentialImpl*>(&module)) {
     for (size_t i = 0; i < children.size(); ++i) {
       auto& child = *children[i].value();
-      if (parameter_count(child) >= min_params) {
-        found.push_back({prefix + children[i].key(), sequential, i});
+      policy.seen.push_back(child.name());
+      const bool checkpointed = is_one_of(child.name(), policy.checkpointed);
+      if ((policy.min_params > 0 && parameter_count(child) >= policy.min_params) || checkpointed ||
+          is_one_of(child.name(), policy.types)) {
+        found.push_back({prefix + children[i].key(), sequential, i, checkpointed});
       } else {
-        find_child_units(child, prefix + children[i].key() + ".", min_params, found);
+        find_child_units(child, prefix + children[i].key() + ".", policy, found);
       }
     }
     return;
   }
-  for (const auto& child : children) find_child_units(*child.value(), prefix + child.key() + ".", min_params, found);
+  for (const auto& child : children) find_child_units(*child.value(), prefix + child.key() + ".", policy, found);
+}
+
+// Every type the options name must be found, or the option would do nothing.
+void check_types_found(const std::vector<std::string>& types, const char* option,
+                       const std::vector<std::string>& seen) {
+  for (const auto& type : types) {
+    if (std::any_of(seen.begin(), seen.end(), [&](const std::string& name) { return is_one_of(name, {type}); })) {
+      continue;
+    }
+    std::string names;
+    for (const auto& name : seen) {
+      if (names.find(" " + name + ",") == std::string::npos) names += " " + name + ",";
+    }
+    throw UsageError("ShardingOptions::" + std::string(option) + ": no child of a torch::nn::Sequential in the module "
+                     "is of type '" + type + "'; the children there are of types" +
+                     (names.empty() ? std::string(" (none: the module has no Sequential)") : names.substr(0, names.size() - 1)) +
+                     ". Name one of those, or put the modules to wrap in a Sequential.");
+  }
 }
 
 }  // namespace
@@ -219,7 +271,13 @@ const FlatLayout& FullyShardedDataParallelBase::layout(size_t index) const { ret
 
 void FullyShardedDataParallelBase::build_units() {
   std::vector<ChildUnit> children;
-  if (options_.auto_wrap_min_params() > 0) find_child_units(*module_, "", options_.auto_wrap_min_params(), children);
+  UnitPolicy policy{options_.auto_wrap_min_params(), options_.auto_wrap_module_types(),
+                    options_.activation_checkpointing_module_types(), {}};
+  if (policy.min_params > 0 || !policy.types.empty() || !policy.checkpointed.empty()) {
+    find_child_units(*module_, "", policy, children);
+  }
+  check_types_found(policy.types, "auto_wrap_module_types", policy.seen);
+  check_types_found(policy.checkpointed, "activation_checkpointing_module_types", policy.seen);
   // Unit 0 is the root: every parameter that requires grad and is in no child unit.
   std::unordered_map<const void*, size_t> unit_of;
   std::vector<std::vector<std::pair<std::string, at::Tensor>>> members(children.size() + 1);
@@ -302,7 +360,7 @@ void FullyShardedDataParallelBase::build_units() {
       unit->index_in_parent = child.index;
       auto entry = child.parent->begin() + static_cast<std::ptrdiff_t>(child.index);
       unit->original = *entry;
-      *entry = torch::nn::AnyModule(std::make_shared<UnitForward>(this, u, unit->original));
+      *entry = torch::nn::AnyModule(std::make_shared<UnitForward>(this, u, unit->original, child.checkpointed));
     }
     units_.push_back(std::move(unit));
     reshard(*units_.back());

@@ -50,6 +50,7 @@ struct Training {
   double clip = 0;       // max gradient norm, 0 for none
   int64_t min_params = 1000;
   bool zero_after_forward = false;  // opt.zero_grad() between the forward and the backward
+  std::vector<std::string> checkpointed;  // activation_checkpointing_module_types
 };
 
 std::vector<at::Tensor> initial_parameters() {
@@ -89,7 +90,10 @@ std::vector<std::vector<at::Tensor>> train_sharded(const std::vector<at::Tensor>
   run_ranks(t.world, [&](ProcessGroup& g) {
     auto model = models[g.rank()];
     FullyShardedDataParallel fsdp(model, g,
-                                  ShardingOptions().sharding_strategy(strategy).auto_wrap_min_params(t.min_params));
+                                  ShardingOptions()
+                                      .sharding_strategy(strategy)
+                                      .auto_wrap_min_params(t.min_params)
+                                      .activation_checkpointing_module_types(t.checkpointed));
     torch::optim::Adam opt(fsdp.parameters(), torch::optim::AdamOptions(0.01));
     for (int s = 0; s < kSteps; ++s) {
       if (!t.zero_after_forward) opt.zero_grad();
@@ -294,6 +298,85 @@ TEST(FullyShardedDataParallel, PrefetchFollowsTheForwardOrderAndSkippedUnitsStay
   });
   const auto names = lockstep::testing::parameter_names(*reference);
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(parameters_close(result[r], clone_all(reference->parameters()), kTolerance, names));
+}
+
+// Activation checkpointing, by type: the Linear layers of the MLP recomputed in backward train as
+// one process does.
+TEST(FullyShardedDataParallel, CheckpointedUnitsEqualOneProcess) {
+  Training t;
+  t.min_params = 0;
+  t.checkpointed = {"Linear"};
+  expect_parity(t, ShardingStrategy::full_shard);
+  t.world = 4;
+  expect_parity(t, ShardingStrategy::shard_grad_op);
+}
+
+// A block with dropout that counts its forwards.
+struct BlockImpl : torch::nn::Module {
+  BlockImpl(int64_t in, int64_t out, int* calls)
+      : linear(register_module("linear", torch::nn::Linear(in, out))),
+        dropout(register_module("dropout", torch::nn::Dropout(0.3))),
+        calls(calls) {}
+  at::Tensor forward(at::Tensor x) {
+    ++*calls;
+    return dropout->forward(linear->forward(x)).relu();
+  }
+  torch::nn::Linear linear;
+  torch::nn::Dropout dropout;
+  int* calls;
+};
+TORCH_MODULE(Block);
+
+// A checkpointed block runs its forward twice a step, draws the same dropout masks the second
+// time, and leaves the random numbers where one forward leaves them: the run is bit for bit the
+// one without checkpointing (one rank: ranks as threads would share the generator).
+TEST(FullyShardedDataParallel, CheckpointingRecomputesWithTheSameRandomNumbers) {
+  std::vector<std::vector<at::Tensor>> runs;
+  std::vector<int> calls_per_step;
+  for (bool checkpointed : {false, true}) {
+    int calls = 0;
+    torch::manual_seed(9);
+    torch::nn::Sequential net(Block(20, 64, &calls), Block(64, 64, &calls), torch::nn::Linear(64, 10));
+    run_ranks(1, [&](ProcessGroup& g) {
+      auto options = ShardingOptions().auto_wrap_module_types({"Block"});
+      if (checkpointed) options.activation_checkpointing_module_types({"BlockImpl"});
+      FullyShardedDataParallel fsdp(net, g, options);
+      EXPECT_EQ(fsdp.unit_count(), 3u);
+      torch::optim::Adam opt(fsdp.parameters(), torch::optim::AdamOptions(0.01));
+      torch::manual_seed(4);
+      for (int s = 0; s < 5; ++s) {
+        opt.zero_grad();
+        torch::cross_entropy_loss(fsdp.forward(torch::randn({8, 20})), torch::randint(10, {8})).backward();
+        opt.step();
+      }
+      std::vector<at::Tensor> state;
+      for (const auto& item : fsdp.full_state_dict()) state.push_back(item.second);
+      runs.push_back(state);
+    });
+    calls_per_step.push_back(calls / 5);
+  }
+  EXPECT_EQ(calls_per_step, (std::vector<int>{2, 4}));
+  for (size_t k = 0; k < runs[0].size(); ++k) EXPECT_TRUE(runs[0][k].equal(runs[1][k])) << "tensor " << k;
+}
+
+TEST(FullyShardedDataParallel, AModuleTypeThatMatchesNothingIsAUsageErrorListingTheTypes) {
+  std::vector<torch::nn::Sequential> models{mlp(), mlp()};
+  run_ranks(2, [&](ProcessGroup& g) {
+    for (auto options : {ShardingOptions().auto_wrap_module_types({"Block"}),
+                         ShardingOptions().activation_checkpointing_module_types({"Linear", "Conv2d"})}) {
+      try {
+        FullyShardedDataParallel fsdp(models[g.rank()], g, options);
+        ADD_FAILURE() << "no error";
+      } catch (const UsageError& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("torch::nn::LinearImpl"), std::string::npos) << what;
+        EXPECT_NE(what.find("torch::nn::ReLUImpl"), std::string::npos) << what;
+      }
+    }
+    // Matching ignores the namespace and "Impl".
+    FullyShardedDataParallel fsdp(models[g.rank()], g, ShardingOptions().auto_wrap_module_types({"LinearImpl"}));
+    EXPECT_EQ(fsdp.unit_count(), 4u);
+  });
 }
 
 // A forward that bypasses the wrapper cannot silently skip the reduction.
