@@ -122,6 +122,25 @@ TEST(FsdpTrainerSteps, AccumulationAndClippingEqualDdp) {
   EXPECT_LE(diff, 1e-6);
 }
 
+// HYBRID_SHARD on 4 ranks in 2 groups of 2, accumulating and clipping, ends where DDP ends; its
+// sharded checkpoint (ranks 0 and 2 write the same pieces) reads back whole.
+TEST(FsdpTrainerSteps, HybridShardInGroupsOfTwoEqualsDdp) {
+  testing::TempDir dir("lockstep_fsdp_hybrid");
+  const std::vector<std::string> flags{"--model", "mlp", "--max-steps", "20", "--devices", "4", "--batch-size", "16",
+                                       "--accumulate-grad-batches", "2", "--gradient-clip-val", "0.05"};
+  auto ddp = flags;
+  ddp.insert(ddp.end(), {"--strategy", "ddp"});
+  auto hybrid = flags;
+  hybrid.insert(hybrid.end(), {"--strategy", "fsdp", "--fsdp-sharding", "HYBRID_SHARD", "--fsdp-hybrid-shard-size",
+                               "2", "--fsdp-state-dict-type", "sharded"});
+  const auto saved = fashion_mnist(dir / "hybrid", hybrid);
+  EXPECT_TRUE(checkpoint::is_sharded_checkpoint(saved)) << saved;
+  const double diff = max_diff(tensors_in(saved, "optimizer_states"),
+                               tensors_in(fashion_mnist(dir / "ddp", ddp), "optimizer_states"));
+  std::cout << "HYBRID_SHARD (2 groups of 2) vs DDP, accumulating 2, clipping 0.05: max |difference| " << diff << "\n";
+  EXPECT_LE(diff, 1e-6);
+}
+
 // The checkpoint holds whole tensors: FSDP resumes from it bit for bit, one process resumes from
 // it, and Python's torch.load reads it with the model's shapes.
 TEST(FsdpTrainerSteps, TheCheckpointResumesUnderFsdpAndInOneProcess) {

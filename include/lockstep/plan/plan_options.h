@@ -51,7 +51,8 @@ struct PlanOptions {
   TORCH_ARG(int64_t, max_restarts) = 0;
   /// With --strategy fsdp, what each rank keeps only a shard of: FULL_SHARD (parameters, gradients
   /// and optimizer state), SHARD_GRAD_OP (gradients and optimizer state), SHARD_OPTIMIZER_STATE
-  /// (ZeRO-1) or NO_SHARD (as DDP). Default: "FULL_SHARD".
+  /// (ZeRO-1), HYBRID_SHARD (FULL_SHARD in each node, the nodes replicas) or NO_SHARD (as DDP).
+  /// Default: "FULL_SHARD".
   TORCH_ARG(std::string, fsdp_sharding) = "FULL_SHARD";
   /// With --strategy fsdp, the units: each child of a torch::nn::Sequential with at least this
   /// many parameters is gathered only around its own forward and backward; 0: the whole model
@@ -65,6 +66,10 @@ struct PlanOptions {
   /// Sequential children of these types are units whose activations backward recomputes.
   /// Lightning's activation_checkpointing_policy={Block}. Default: "" (none).
   TORCH_ARG(std::string, fsdp_activation_checkpointing_types) = "";
+  /// With --fsdp-sharding HYBRID_SHARD, how many consecutive ranks shard one copy of the model
+  /// (the others replicate it); a divisor of the world size. 0: the ranks of each node, as
+  /// Lightning's HYBRID_SHARD. Default: 0.
+  TORCH_ARG(int64_t, fsdp_hybrid_shard_size) = 0;
   /// With --strategy fsdp, how the Trainer saves checkpoints: "full" (whole tensors gathered from
   /// every rank, one file that Python and any strategy load) or "sharded" (a directory with each
   /// rank's pieces; see checkpoint/sharded_checkpoint.h), as Lightning's FSDPStrategy
@@ -105,6 +110,7 @@ struct PlanOptionsOf : PlanOptions {
   LOCKSTEP_PLAN_OPTION(fsdp_auto_wrap_min_params)
   LOCKSTEP_PLAN_OPTION(fsdp_auto_wrap_types)
   LOCKSTEP_PLAN_OPTION(fsdp_activation_checkpointing_types)
+  LOCKSTEP_PLAN_OPTION(fsdp_hybrid_shard_size)
   LOCKSTEP_PLAN_OPTION(fsdp_state_dict_type)
   LOCKSTEP_PLAN_OPTION(trainer_variables)
 #undef LOCKSTEP_PLAN_OPTION

@@ -1,7 +1,7 @@
 #pragma once
 /// FSDPStrategy (`--strategy fsdp`): sharded data parallel through FullyShardedDataParallel, as
 /// Lightning's FSDPStrategy. `--fsdp-sharding` picks FULL_SHARD (default), SHARD_GRAD_OP,
-/// SHARD_OPTIMIZER_STATE (ZeRO-1) or NO_SHARD; `--fsdp-auto-wrap-min-params` the units;
+/// SHARD_OPTIMIZER_STATE (ZeRO-1), HYBRID_SHARD or NO_SHARD; `--fsdp-auto-wrap-min-params` the units;
 /// `--fsdp-state-dict-type` whether checkpoints are whole files or sharded directories.
 
 #include <cmath>

@@ -192,7 +192,7 @@ void add_plan_flags(CLI::App& app, PlanOptions& o) {
   add(app, "--max-restarts", o.max_restarts(), "self-launch: start the job again after a failure, up to N times")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   add(app, "--fsdp-sharding", o.fsdp_sharding(),
-      "with --strategy fsdp: FULL_SHARD|SHARD_GRAD_OP|SHARD_OPTIMIZER_STATE|NO_SHARD");
+      "with --strategy fsdp: FULL_SHARD|SHARD_GRAD_OP|SHARD_OPTIMIZER_STATE|HYBRID_SHARD|NO_SHARD");
   add(app, "--fsdp-auto-wrap-min-params", o.fsdp_auto_wrap_min_params(),
       "with --strategy fsdp: Sequential children with this many parameters are units of their own (0: one unit)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
@@ -200,6 +200,9 @@ void add_plan_flags(CLI::App& app, PlanOptions& o) {
       "with --strategy fsdp: Sequential children of these types (comma-separated: Block,Conv2d) are units");
   add(app, "--fsdp-activation-checkpointing-types", o.fsdp_activation_checkpointing_types(),
       "with --strategy fsdp: Sequential children of these types are units whose activations backward recomputes");
+  add(app, "--fsdp-hybrid-shard-size", o.fsdp_hybrid_shard_size(),
+      "with --fsdp-sharding HYBRID_SHARD: consecutive ranks that shard one copy (0: each node's)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   add(app, "--fsdp-state-dict-type", o.fsdp_state_dict_type(),
       "with --strategy fsdp: full|sharded: checkpoints whole in one file, or each rank's pieces in a directory");
 }

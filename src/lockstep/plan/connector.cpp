@@ -167,9 +167,12 @@ void apply_sharding_options(const PlanOptions& o, strategies::Strategy& strategy
   const bool types_set = o.fsdp_auto_wrap_types() != d.fsdp_auto_wrap_types();
   const bool checkpointing_set = o.fsdp_activation_checkpointing_types() != d.fsdp_activation_checkpointing_types();
   const bool state_set = o.fsdp_state_dict_type() != d.fsdp_state_dict_type();
+  const bool hybrid_set = o.fsdp_hybrid_shard_size() != d.fsdp_hybrid_shard_size();
   auto* fsdp = dynamic_cast<strategies::FSDPStrategy*>(&strategy);
   if (!fsdp) {
     LOCKSTEP_CHECK(!state_set, UsageError, "--fsdp-state-dict-type ", o.fsdp_state_dict_type(),
+                   " is for --strategy fsdp, but the strategy is ", strategy.name(), ". Add --strategy fsdp, or drop it.");
+    LOCKSTEP_CHECK(!hybrid_set, UsageError, "--fsdp-hybrid-shard-size ", o.fsdp_hybrid_shard_size(),
                    " is for --strategy fsdp, but the strategy is ", strategy.name(), ". Add --strategy fsdp, or drop it.");
     LOCKSTEP_CHECK(!types_set && !checkpointing_set, UsageError,
                    types_set ? "--fsdp-auto-wrap-types " + o.fsdp_auto_wrap_types()
@@ -195,6 +198,13 @@ void apply_sharding_options(const PlanOptions& o, strategies::Strategy& strategy
   if (types_set) fsdp->sharding_options().auto_wrap_module_types(type_names(o.fsdp_auto_wrap_types()));
   if (checkpointing_set) {
     fsdp->sharding_options().activation_checkpointing_module_types(type_names(o.fsdp_activation_checkpointing_types()));
+  }
+  if (hybrid_set) {
+    LOCKSTEP_CHECK(fsdp->sharding_options().sharding_strategy() == distributed::ShardingStrategy::hybrid_shard,
+                   UsageError, "--fsdp-hybrid-shard-size ", o.fsdp_hybrid_shard_size(), " is for --fsdp-sharding "
+                   "HYBRID_SHARD, but the sharding is ", distributed::to_string(fsdp->sharding_options().sharding_strategy()),
+                   ". Add --fsdp-sharding HYBRID_SHARD, or drop it.");
+    fsdp->sharding_options().hybrid_shard_size(static_cast<int>(o.fsdp_hybrid_shard_size()));
   }
   if (state_set) {
     try {

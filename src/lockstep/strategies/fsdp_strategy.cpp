@@ -299,11 +299,14 @@ void FSDPStrategy::save_checkpoint(const checkpoint::Checkpoint& state, const st
   const int rank = global_rank();
   checkpoint::ShardedCheckpoint shard;
   // The parameters, buffers and per-element optimizer state become pieces (one not sharded is
-  // rank 0's, whole); everything else is the common part.
+  // rank 0's, whole); everything else is the common part. With HYBRID_SHARD each group of ranks
+  // holds the same pieces: the first group (ranks 0 to its size - 1) writes them.
+  const int writers = all_.empty() ? world_size() : all_.front()->shard_group().world_size();
   const auto add = [&](const std::string& key, const torch::Tensor& values) {
     const auto info = locate(key, optimizers, path);
     const auto flat = values.detach().reshape({-1});
-    shard.pieces[key] = {info.shape, info.begin, info.sharded || rank == 0 ? flat : flat.narrow(0, 0, 0)};
+    const bool writes = info.sharded ? rank < writers : rank == 0;
+    shard.pieces[key] = {info.shape, info.begin, writes ? flat : flat.narrow(0, 0, 0)};
   };
   for (const auto& item : state) {
     const auto& name = item.key().toStringRef();

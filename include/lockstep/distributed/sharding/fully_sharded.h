@@ -114,6 +114,9 @@ class FullyShardedDataParallelBase {
   /// The module's parameters (for the optimizer).
   std::vector<at::Tensor> parameters() const { return module_->parameters(); }
   ProcessGroup& group() const { return group_; }
+  /// The ranks that shard the parameters among them: group(), or with HYBRID_SHARD this rank's
+  /// group of ShardingOptions::hybrid_shard_size ranks.
+  ProcessGroup& shard_group() const { return *shard_group_; }
   const ShardingOptions& options() const { return options_; }
   /// How many units the module was split into (1: only the root).
   size_t unit_count() const { return units_.size(); }
@@ -128,6 +131,7 @@ class FullyShardedDataParallelBase {
 
  private:
   struct Unit;
+  void make_hybrid_groups();
   void build_units();
   void shard(Unit& unit);
   void gather(Unit& unit);
@@ -151,6 +155,9 @@ class FullyShardedDataParallelBase {
   std::shared_ptr<torch::nn::Module> module_;
   ProcessGroup& group_;
   ShardingOptions options_;
+  ProcessGroup* shard_group_;                      // group_, or with HYBRID_SHARD a subgroup
+  std::shared_ptr<ProcessGroup> own_shard_group_;  // that subgroup
+  std::shared_ptr<ProcessGroup> replica_group_;    // HYBRID_SHARD: the ranks holding the same shards
   std::shared_ptr<ShardTransport> transport_;
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<std::pair<size_t, size_t>> where_;  // parameter -> (unit, index in unit)

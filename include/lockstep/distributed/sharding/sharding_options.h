@@ -24,9 +24,15 @@ enum class ShardingStrategy {
   /// ZeRO-3: parameters sharded at rest as well, all-gathered unit by unit before its forward and
   /// again before its backward, and freed after each.
   full_shard,
+  /// FULL_SHARD inside each group of ShardingOptions::hybrid_shard_size ranks (by default the
+  /// ranks of one host), the groups replicas of each other: parameters are gathered and gradients
+  /// reduce-scattered inside the group, then each shard's gradients all-reduced across the groups
+  /// (PyTorch FSDP's HYBRID_SHARD). Memory as FULL_SHARD on that many ranks; between hosts only
+  /// one all-reduce of a shard per unit and step.
+  hybrid_shard,
 };
 
-/// "NO_SHARD", "SHARD_OPTIMIZER_STATE", "SHARD_GRAD_OP", "FULL_SHARD" (case-insensitive);
+/// "NO_SHARD", "SHARD_OPTIMIZER_STATE", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD" (case-insensitive);
 /// anything else throws UsageError listing them.
 ShardingStrategy parse_sharding_strategy(const std::string& name);
 std::string to_string(ShardingStrategy strategy);
@@ -54,6 +60,10 @@ struct ShardingOptions {
   /// forward again (with the random numbers of the first: dropout masks repeat) and
   /// differentiates that. Memory for one more forward of those units. Default: none.
   TORCH_ARG(std::vector<std::string>, activation_checkpointing_module_types) = {};
+  /// With HYBRID_SHARD: how many consecutive ranks shard one copy of the model (ranks 0..k-1,
+  /// k..2k-1, ...); it must divide the world size. 0: the ranks of each host, which must be
+  /// consecutive and as many on every host (as torchrun and SLURM place them). Default: 0.
+  TORCH_ARG(int, hybrid_shard_size) = 0;
   /// Reduce-scatter and all-gather in memory shared by the ranks of one host (CPU float32 and
   /// float64 parameters, more than one rank), as DDPOptions::shared_memory; otherwise through
   /// the process group. LOCKSTEP_DDP_SHARED_MEMORY=0 turns it off too. Default: true.

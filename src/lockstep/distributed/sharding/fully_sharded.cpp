@@ -6,6 +6,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <numeric>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -22,6 +23,7 @@
 #include <lockstep/distributed/collectives.h>
 #include <lockstep/distributed/module_state.h>
 
+#include "../transport/hosts.h"
 #include "activation_checkpoint.h"
 #include "comm_thread.h"
 
@@ -145,6 +147,11 @@ struct UnitPolicy {
   std::vector<std::string> seen;  // the types of Sequentials' children, for messages
 };
 
+// Parameters sharded at rest, gathered around each unit's forward and backward.
+bool shards_at_rest(ShardingStrategy strategy) {
+  return strategy == ShardingStrategy::full_shard || strategy == ShardingStrategy::hybrid_shard;
+}
+
 void find_child_units(torch::nn::Module& module, const std::string& prefix, UnitPolicy& policy,
                       std::vector<ChildUnit>& found) {
   const auto children = module.named_children();
@@ -189,11 +196,11 @@ ShardingStrategy parse_sharding_strategy(const std::string& name) {
   std::string upper = name;
   std::transform(upper.begin(), upper.end(), upper.begin(), [](unsigned char c) { return std::toupper(c); });
   for (auto s : {ShardingStrategy::no_shard, ShardingStrategy::shard_optimizer_state, ShardingStrategy::shard_grad_op,
-                 ShardingStrategy::full_shard}) {
+                 ShardingStrategy::full_shard, ShardingStrategy::hybrid_shard}) {
     if (to_string(s) == upper) return s;
   }
   throw UsageError("unknown sharding strategy '" + name +
-                   "'; use FULL_SHARD, SHARD_GRAD_OP, SHARD_OPTIMIZER_STATE (ZeRO-1) or NO_SHARD.");
+                   "'; use FULL_SHARD, SHARD_GRAD_OP, SHARD_OPTIMIZER_STATE (ZeRO-1), HYBRID_SHARD or NO_SHARD.");
 }
 
 std::string to_string(ShardingStrategy strategy) {
@@ -202,6 +209,7 @@ std::string to_string(ShardingStrategy strategy) {
     case ShardingStrategy::shard_optimizer_state: return "SHARD_OPTIMIZER_STATE";
     case ShardingStrategy::shard_grad_op: return "SHARD_GRAD_OP";
     case ShardingStrategy::full_shard: return "FULL_SHARD";
+    case ShardingStrategy::hybrid_shard: return "HYBRID_SHARD";
   }
   return "?";
 }
@@ -231,11 +239,16 @@ struct FullyShardedDataParallelBase::Unit {
 
 FullyShardedDataParallelBase::FullyShardedDataParallelBase(std::shared_ptr<torch::nn::Module> module,
                                                            ProcessGroup& group, ShardingOptions options)
-    : module_(std::move(module)), group_(group), options_(std::move(options)) {
+    : module_(std::move(module)), group_(group), options_(std::move(options)), shard_group_(&group_) {
   if (!module_) throw UsageError("FullyShardedDataParallel: the module is null.");
   if (options_.auto_wrap_min_params() < 0) {
     throw UsageError("ShardingOptions: auto_wrap_min_params must be 0 (one unit) or more (given " +
                      std::to_string(options_.auto_wrap_min_params()) + ").");
+  }
+  if (options_.hybrid_shard_size() != 0 && options_.sharding_strategy() != ShardingStrategy::hybrid_shard) {
+    throw UsageError("ShardingOptions: hybrid_shard_size " + std::to_string(options_.hybrid_shard_size()) +
+                     " is for HYBRID_SHARD, but the sharding is " + to_string(options_.sharding_strategy()) +
+                     ". Set sharding_strategy(ShardingStrategy::hybrid_shard), or drop it.");
   }
   verify_same_parameters(*module_, group_, "FullyShardedDataParallel");
   std::vector<at::Tensor> state;
@@ -244,10 +257,11 @@ FullyShardedDataParallelBase::FullyShardedDataParallelBase(std::shared_ptr<torch
     if (b.defined()) state.push_back(b);
   }
   broadcast_tensors(group_, state, "FSDP parameters and buffers");
+  if (options_.sharding_strategy() == ShardingStrategy::hybrid_shard) make_hybrid_groups();
   build_units();
   int64_t largest = 0;
   for (const auto& unit : units_) largest = std::max(largest, unit->layout.padded_numel() * unit->full.element_size());
-  transport_ = choose_shard_transport(group_, std::min(largest, kSharedMemorySlotBytes), options_.shared_memory(),
+  transport_ = choose_shard_transport(*shard_group_, std::min(largest, kSharedMemorySlotBytes), options_.shared_memory(),
                                       &why_not_shared_memory_);
   next_in_forward_.assign(units_.size(), SIZE_MAX);
   previous_in_forward_.assign(units_.size(), SIZE_MAX);
@@ -268,6 +282,42 @@ FullyShardedDataParallelBase::~FullyShardedDataParallelBase() {
 }
 
 const FlatLayout& FullyShardedDataParallelBase::layout(size_t index) const { return units_.at(index)->layout; }
+
+void FullyShardedDataParallelBase::make_hybrid_groups() {
+  const int world = group_.world_size();
+  int size = options_.hybrid_shard_size();
+  if (size < 0 || size > world || (size > 0 && world % size != 0)) {
+    throw UsageError("ShardingOptions: hybrid_shard_size " + std::to_string(size) + " does not divide the " +
+                     std::to_string(world) + " ranks into groups; give a divisor of " + std::to_string(world) +
+                     ", or 0 for the ranks of each host.");
+  }
+  if (size == 0) {
+    const auto hosts = detail::ranks_by_host(detail::gather_strings(group_, detail::host_key(), "FSDP hosts"));
+    size = static_cast<int>(hosts.front().size());
+    for (const auto& ranks : hosts) {
+      bool consecutive = static_cast<int>(ranks.size()) == size;
+      for (size_t k = 0; consecutive && k < ranks.size(); ++k) consecutive = ranks[k] == ranks.front() + static_cast<int>(k);
+      if (!consecutive) {
+        throw UsageError("HYBRID_SHARD: the ranks of each host are not consecutive, or not as many on every host (" +
+                         std::to_string(hosts.size()) + " hosts for " + std::to_string(world) +
+                         " ranks); set ShardingOptions::hybrid_shard_size to the ranks that shard one copy.");
+      }
+    }
+  }
+  if (size == world) return;  // one group: FULL_SHARD
+  // Every rank creates every subgroup, in one order, keeping its own.
+  for (int first = 0; first < world; first += size) {
+    std::vector<int> ranks(static_cast<size_t>(size));
+    std::iota(ranks.begin(), ranks.end(), first);
+    if (auto mine = group_.new_subgroup(ranks)) own_shard_group_ = std::move(mine);
+  }
+  for (int offset = 0; offset < size; ++offset) {
+    std::vector<int> ranks;
+    for (int r = offset; r < world; r += size) ranks.push_back(r);
+    if (auto mine = group_.new_subgroup(ranks)) replica_group_ = std::move(mine);
+  }
+  shard_group_ = own_shard_group_.get();
+}
 
 void FullyShardedDataParallelBase::build_units() {
   std::vector<ChildUnit> children;
@@ -302,7 +352,7 @@ void FullyShardedDataParallelBase::build_units() {
     }
   }
 
-  const int rank = group_.rank();
+  const int rank = shard_group_->rank();
   const bool sharded = options_.sharding_strategy() != ShardingStrategy::no_shard;
   const bool whole_grads = options_.sharding_strategy() == ShardingStrategy::no_shard ||
                            options_.sharding_strategy() == ShardingStrategy::shard_optimizer_state;
@@ -314,7 +364,7 @@ void FullyShardedDataParallelBase::build_units() {
       unit->names.push_back(member.first);
       unit->params.push_back(member.second);
     }
-    unit->layout = FlatLayout::of(unit->params, group_.world_size());
+    unit->layout = FlatLayout::of(unit->params, shard_group_->world_size());
     const auto& layout = unit->layout;
     const auto options = unit->params.empty() ? at::TensorOptions(at::kFloat) : unit->params.front().options();
     unit->full = at::zeros({layout.padded_numel()}, options);
@@ -322,7 +372,7 @@ void FullyShardedDataParallelBase::build_units() {
       unit->full.narrow(0, layout.offsets[i], layout.numels[i]).copy_(unit->params[i].reshape({-1}));
     }
     const int64_t mine = rank * layout.shard_numel;
-    unit->shard = options_.sharding_strategy() == ShardingStrategy::full_shard
+    unit->shard = shards_at_rest(options_.sharding_strategy())
                       ? unit->full.narrow(0, mine, layout.shard_numel).clone()
                       : alias(unit->full, mine, {layout.shard_numel});
     unit->reduced = at::zeros({whole_grads ? layout.padded_numel() : layout.shard_numel}, options);
@@ -424,7 +474,7 @@ void FullyShardedDataParallelBase::reshard(Unit& unit) {
     for (size_t i = 0; i < unit.params.size(); ++i) unit.params[i].set_data(unit.pieces[i]);
     unit.showing_whole = false;
   }
-  if (options_.sharding_strategy() == ShardingStrategy::full_shard && unit.gathered) {
+  if (shards_at_rest(options_.sharding_strategy()) && unit.gathered) {
     wait_gathered(unit);  // a prefetch not used: let it land first
     free_storage(unit.full);
     unit.gathered = false;
@@ -436,7 +486,7 @@ void FullyShardedDataParallelBase::prepare_forward() {
   const bool training = torch::GradMode::is_enabled() && module_->is_training();
   if (training) forward_prepared_ = true;
   gather(*units_.front());
-  if (options_.sharding_strategy() == ShardingStrategy::full_shard) {
+  if (shards_at_rest(options_.sharding_strategy())) {
     if (forward_order_known_ && !forward_order_.empty()) prefetch(*units_[forward_order_.front()]);
   } else {
     // Each child unit waits for its own gather before its forward (before_unit_forward).
@@ -453,7 +503,7 @@ void FullyShardedDataParallelBase::begin_backward() {
   for (auto& unit : units_) {
     if (options_.sharding_strategy() == ShardingStrategy::shard_optimizer_state) {
       // Only this rank's part of the whole gradients is kept from one backward to the next.
-      const int64_t mine = group_.rank() * unit->layout.shard_numel;
+      const int64_t mine = shard_group_->rank() * unit->layout.shard_numel;
       unit->reduced.narrow(0, 0, mine).zero_();
       unit->reduced.narrow(0, mine + unit->layout.shard_numel, unit->reduced.numel() - mine - unit->layout.shard_numel)
           .zero_();
@@ -517,7 +567,7 @@ void FullyShardedDataParallelBase::reduce(Unit& unit) {
     unit.params[i].mutable_grad() = at::Tensor();  // the whole gradient is in flat_grad
   }
   // The parameters are not needed again in this backward: free them before reducing.
-  if (options_.sharding_strategy() == ShardingStrategy::full_shard) reshard(unit);
+  if (shards_at_rest(options_.sharding_strategy())) reshard(unit);
   auto flat = std::move(unit.flat_grad);
   unit.flat_grad = at::Tensor();
   if (!flat.defined()) flat = at::zeros({unit.layout.padded_numel()}, unit.full.options());  // no parameters
@@ -532,6 +582,9 @@ void FullyShardedDataParallelBase::reduce(Unit& unit) {
     } else {
       auto part = at::empty({u->layout.shard_numel}, flat.options());
       transport_->reduce_scatter(flat, part, group_.world_size(), "reduce_scatter of " + what);
+      if (replica_group_) {
+        all_reduce(*replica_group_, part, ReduceOp::sum, CollectiveOptions().tag("FSDP all_reduce across replicas of " + what));
+      }
       u->reduced.add_(part);
     }
     flat = at::Tensor();
@@ -583,13 +636,13 @@ void FullyShardedDataParallelBase::before_unit_forward(size_t unit) {
     forward_order_.push_back(unit);
   }
   gather(*units_[unit]);
-  if (options_.sharding_strategy() == ShardingStrategy::full_shard && next_in_forward_[unit] != SIZE_MAX) {
+  if (shards_at_rest(options_.sharding_strategy()) && next_in_forward_[unit] != SIZE_MAX) {
     prefetch(*units_[next_in_forward_[unit]]);
   }
 }
 
 void FullyShardedDataParallelBase::after_unit_forward(size_t unit, const at::Tensor& output) {
-  if (options_.sharding_strategy() != ShardingStrategy::full_shard) return;
+  if (!shards_at_rest(options_.sharding_strategy())) return;
   // The last unit of forward is the first of backward: it stays gathered for it.
   const bool backward_next = output.requires_grad() && forward_order_known_ && unit == forward_order_.back();
   if (!backward_next) reshard(*units_[unit]);
@@ -631,7 +684,7 @@ double FullyShardedDataParallelBase::clip_grad_norm(double max_norm, double norm
   for (auto& unit : units_) {
     const bool whole = unit->reduced.numel() != unit->layout.shard_numel;
     parts.push_back(whole && !replicated
-                        ? unit->reduced.narrow(0, group_.rank() * unit->layout.shard_numel, unit->layout.shard_numel)
+                        ? unit->reduced.narrow(0, shard_group_->rank() * unit->layout.shard_numel, unit->layout.shard_numel)
                         : unit->reduced);
   }
   auto local = at::zeros({1}, at::kDouble);
@@ -641,7 +694,8 @@ double FullyShardedDataParallelBase::clip_grad_norm(double max_norm, double norm
     local = infinite ? at::maximum(local, norm) : local + part.to(at::kDouble).abs().pow(norm_type).sum();
   }
   if (!replicated) {
-    all_reduce(group_, local, infinite ? ReduceOp::max : ReduceOp::sum, CollectiveOptions().tag("FSDP clip_grad_norm"));
+    // Over the ranks that shard: with HYBRID_SHARD the other groups hold the same gradients.
+    all_reduce(*shard_group_, local, infinite ? ReduceOp::max : ReduceOp::sum, CollectiveOptions().tag("FSDP clip_grad_norm"));
   }
   const double total = infinite ? local.item<double>() : std::pow(local.item<double>(), 1.0 / norm_type);
   const double coefficient = max_norm / (total + 1e-6);
@@ -703,7 +757,7 @@ std::vector<at::Tensor> FullyShardedDataParallelBase::gather_pieces(const std::v
     auto shard = at::zeros({unit.layout.shard_numel}, unit.shard.options());
     for (size_t k = 0; k < params.size(); ++k) {
       if (where[k].first != u) continue;
-      const auto piece = unit.layout.piece(where[k].second, group_.rank());
+      const auto piece = unit.layout.piece(where[k].second, shard_group_->rank());
       LOCKSTEP_CHECK(pieces[k].numel() == piece.numel, UsageError, "FullyShardedDataParallel::gather_pieces: piece ", k,
                      " has ", pieces[k].numel(), " elements where this rank's piece of '", unit.names[where[k].second],
                      "' has ", piece.numel, ".");
@@ -733,7 +787,7 @@ at::Tensor FullyShardedDataParallelBase::piece_of(const at::Tensor& parameter, c
   const size_t i = where.second;
   LOCKSTEP_CHECK(whole.numel() == unit.layout.numels[i], UsageError, "FullyShardedDataParallel: a tensor of ",
                  whole.numel(), " elements for parameter '", unit.names[i], "', which has ", unit.layout.numels[i], ".");
-  const auto piece = unit.layout.piece(i, group_.rank());
+  const auto piece = unit.layout.piece(i, shard_group_->rank());
   return whole.reshape({-1}).narrow(0, piece.begin, piece.numel).clone();
 }
 
@@ -760,7 +814,7 @@ void FullyShardedDataParallelBase::load_full_state_dict(const std::vector<std::p
         unit->whole[i].copy_(value.view_as(unit->whole[i]));
         continue;
       }
-      const auto piece = unit->layout.piece(i, group_.rank());
+      const auto piece = unit->layout.piece(i, shard_group_->rank());
       unit->shard.narrow(0, piece.shard_offset, piece.numel).copy_(value.reshape({-1}).narrow(0, piece.begin, piece.numel));
     }
     if (sharded) {
@@ -793,7 +847,7 @@ FullyShardedDataParallelBase::PieceInfo FullyShardedDataParallelBase::piece_info
     throw UsageError("FullyShardedDataParallel: a tensor that is none of the wrapped module's parameters.");
   }
   const auto& layout = units_[where.first]->layout;
-  const auto piece = layout.piece(where.second, group_.rank());
+  const auto piece = layout.piece(where.second, shard_group_->rank());
   info.shape = layout.shapes[where.second];
   info.begin = piece.begin;
   info.numel = piece.numel;

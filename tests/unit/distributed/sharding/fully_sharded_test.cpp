@@ -51,6 +51,7 @@ struct Training {
   int64_t min_params = 1000;
   bool zero_after_forward = false;  // opt.zero_grad() between the forward and the backward
   std::vector<std::string> checkpointed;  // activation_checkpointing_module_types
+  int hybrid_size = 0;                    // hybrid_shard_size
 };
 
 std::vector<at::Tensor> initial_parameters() {
@@ -93,7 +94,8 @@ std::vector<std::vector<at::Tensor>> train_sharded(const std::vector<at::Tensor>
                                   ShardingOptions()
                                       .sharding_strategy(strategy)
                                       .auto_wrap_min_params(t.min_params)
-                                      .activation_checkpointing_module_types(t.checkpointed));
+                                      .activation_checkpointing_module_types(t.checkpointed)
+                                      .hybrid_shard_size(t.hybrid_size));
     torch::optim::Adam opt(fsdp.parameters(), torch::optim::AdamOptions(0.01));
     for (int s = 0; s < kSteps; ++s) {
       if (!t.zero_after_forward) opt.zero_grad();
@@ -202,6 +204,53 @@ TEST(FullyShardedDataParallel, EachRankHoldsItsShardBetweenSteps) {
         EXPECT_EQ(whole, total) << "SHARD_GRAD_OP keeps whole parameters through forward";
       }
     });
+  }
+}
+
+// HYBRID_SHARD on 4 ranks in 2 groups of 2: 50 Adam steps (also with accumulation and clipping)
+// end where one process ends, so the groups' gradients are all-reduced; each rank holds half of
+// the parameters, ranks 0 and 2 (1 and 3) the same half. With hybrid_shard_size 0 the ranks of
+// one host (all of them here) are one group.
+TEST(FullyShardedDataParallel, HybridShardShardsInsideGroupsAndReplicatesAcross) {
+  Training t;
+  t.world = 4;
+  t.hybrid_size = 2;
+  expect_parity(t, ShardingStrategy::hybrid_shard);
+  t.accumulate = 2;
+  t.clip = 0.5;
+  expect_parity(t, ShardingStrategy::hybrid_shard);
+
+  const int64_t total = 1344 + 4160 + 650;
+  for (int size : {2, 0}) {
+    std::vector<torch::nn::Sequential> models{mlp(), mlp(), mlp(), mlp()};
+    std::vector<std::vector<at::Tensor>> held(4);
+    run_ranks(4, [&](ProcessGroup& g) {
+      FullyShardedDataParallel fsdp(models[g.rank()], g,
+                                    ShardingOptions()
+                                        .sharding_strategy(ShardingStrategy::hybrid_shard)
+                                        .hybrid_shard_size(size)
+                                        .auto_wrap_min_params(1000));
+      EXPECT_EQ(fsdp.shard_group().world_size(), size == 0 ? 4 : size) << g.describe();
+      torch::optim::Adam opt(fsdp.parameters(), torch::optim::AdamOptions(0.01));
+      const auto x = torch::randn({kPerRank, 20});
+      torch::cross_entropy_loss(fsdp.forward(x), torch::zeros({kPerRank}, torch::kLong)).backward();
+      opt.step();
+      for (const auto& p : fsdp.parameters()) held[g.rank()].push_back(p.detach().clone());
+    });
+    const int groups = size == 0 ? 1 : 4 / size;
+    for (int r = 0; r < 4; ++r) {
+      int64_t numel = 0;
+      for (const auto& p : held[r]) numel += p.numel();
+      // Each of the 3 units is padded to a multiple of the group size.
+      EXPECT_LE(numel, total * groups / 4 + 3) << "rank " << r << ", hybrid_shard_size " << size;
+      EXPECT_GE(numel, total * groups / 4 - 3) << "rank " << r << ", hybrid_shard_size " << size;
+    }
+    if (size == 2) {
+      for (size_t k = 0; k < held[0].size(); ++k) {
+        EXPECT_TRUE(held[0][k].equal(held[2][k])) << "parameter " << k;
+        EXPECT_TRUE(held[1][k].equal(held[3][k])) << "parameter " << k;
+      }
+    }
   }
 }
 
@@ -396,9 +445,15 @@ TEST(FullyShardedDataParallel, ABackwardWithoutTheWrappersForwardFailsNamingIt) 
 TEST(FullyShardedDataParallel, BadOptionsAreUsageErrors) {
   EXPECT_THROW(parse_sharding_strategy("ZERO9"), UsageError);
   EXPECT_EQ(parse_sharding_strategy("full_shard"), ShardingStrategy::full_shard);
+  EXPECT_EQ(parse_sharding_strategy("HYBRID_SHARD"), ShardingStrategy::hybrid_shard);
   std::vector<torch::nn::Sequential> models{mlp(), mlp()};
   run_ranks(2, [&](ProcessGroup& g) {
     EXPECT_THROW(FullyShardedDataParallel(models[g.rank()], g, ShardingOptions().auto_wrap_min_params(-1)), UsageError);
+    EXPECT_THROW(FullyShardedDataParallel(
+                     models[g.rank()], g,
+                     ShardingOptions().sharding_strategy(ShardingStrategy::hybrid_shard).hybrid_shard_size(3)),
+                 UsageError);
+    EXPECT_THROW(FullyShardedDataParallel(models[g.rank()], g, ShardingOptions().hybrid_shard_size(1)), UsageError);
   });
 }
 
