@@ -70,6 +70,13 @@ struct PlanOptions {
   /// (the others replicate it); a divisor of the world size. 0: the ranks of each node, as
   /// Lightning's HYBRID_SHARD. Default: 0.
   TORCH_ARG(int64_t, fsdp_hybrid_shard_size) = 0;
+  /// With --strategy fsdp, mixed precision (ShardingOptions::param_dtype): "bf16" gathers the
+  /// child units' parameters in bfloat16 and computes them in it; the shards and the optimizer
+  /// stay float32. "16" (float16) on CUDA only. Default: "" (the parameters' dtype).
+  TORCH_ARG(std::string, fsdp_param_dtype) = "";
+  /// With --strategy fsdp, the dtype gradients are reduced in (ShardingOptions::reduce_dtype):
+  /// "bf16" or "16". Default: "" (the parameters' dtype).
+  TORCH_ARG(std::string, fsdp_reduce_dtype) = "";
   /// With --strategy fsdp, how the Trainer saves checkpoints: "full" (whole tensors gathered from
   /// every rank, one file that Python and any strategy load) or "sharded" (a directory with each
   /// rank's pieces; see checkpoint/sharded_checkpoint.h), as Lightning's FSDPStrategy
@@ -111,6 +118,8 @@ struct PlanOptionsOf : PlanOptions {
   LOCKSTEP_PLAN_OPTION(fsdp_auto_wrap_types)
   LOCKSTEP_PLAN_OPTION(fsdp_activation_checkpointing_types)
   LOCKSTEP_PLAN_OPTION(fsdp_hybrid_shard_size)
+  LOCKSTEP_PLAN_OPTION(fsdp_param_dtype)
+  LOCKSTEP_PLAN_OPTION(fsdp_reduce_dtype)
   LOCKSTEP_PLAN_OPTION(fsdp_state_dict_type)
   LOCKSTEP_PLAN_OPTION(trainer_variables)
 #undef LOCKSTEP_PLAN_OPTION

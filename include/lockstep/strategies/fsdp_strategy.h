@@ -67,6 +67,7 @@ class FSDPStrategy : public DDPStrategy {
                                          const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers) override;
 
   distributed::ShardingOptions& sharding_options() { return options_; }
+  const distributed::ShardingOptions& sharding_options() const { return options_; }
   StateDictType state_dict_type() const { return state_dict_type_; }
   void state_dict_type(StateDictType type) { state_dict_type_ = type; }
   /// The wrapper of the module set up last (null before setup_module).

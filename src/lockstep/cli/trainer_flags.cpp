@@ -203,6 +203,9 @@ void add_plan_flags(CLI::App& app, PlanOptions& o) {
   add(app, "--fsdp-hybrid-shard-size", o.fsdp_hybrid_shard_size(),
       "with --fsdp-sharding HYBRID_SHARD: consecutive ranks that shard one copy (0: each node's)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  add(app, "--fsdp-param-dtype", o.fsdp_param_dtype(),
+      "with --strategy fsdp: bf16|16: child units gathered and computed in it, shards and optimizer in float32");
+  add(app, "--fsdp-reduce-dtype", o.fsdp_reduce_dtype(), "with --strategy fsdp: bf16|16: the dtype gradients are reduced in");
   add(app, "--fsdp-state-dict-type", o.fsdp_state_dict_type(),
       "with --strategy fsdp: full|sharded: checkpoints whole in one file, or each rank's pieces in a directory");
 }

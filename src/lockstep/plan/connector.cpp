@@ -158,6 +158,13 @@ std::vector<std::string> type_names(const std::string& list) {
   return names;
 }
 
+// --fsdp-param-dtype and --fsdp-reduce-dtype: "bf16" or "16".
+at::ScalarType low_precision_dtype(const std::string& flag, const std::string& name) {
+  if (name == "bf16" || name == "bfloat16") return at::kBFloat16;
+  if (name == "16" || name == "float16" || name == "half") return at::kHalf;
+  throw UsageError(flag + " '" + name + "' is not known. Use bf16 or 16 (float16), or drop it for float32.");
+}
+
 // --fsdp-* set the sharding of --strategy fsdp (or of an FSDPStrategy object, where they are not
 // at their defaults); with any other strategy they are refused.
 void apply_sharding_options(const PlanOptions& o, strategies::Strategy& strategy) {
@@ -168,10 +175,15 @@ void apply_sharding_options(const PlanOptions& o, strategies::Strategy& strategy
   const bool checkpointing_set = o.fsdp_activation_checkpointing_types() != d.fsdp_activation_checkpointing_types();
   const bool state_set = o.fsdp_state_dict_type() != d.fsdp_state_dict_type();
   const bool hybrid_set = o.fsdp_hybrid_shard_size() != d.fsdp_hybrid_shard_size();
+  const bool dtype_set = o.fsdp_param_dtype() != d.fsdp_param_dtype() || o.fsdp_reduce_dtype() != d.fsdp_reduce_dtype();
   auto* fsdp = dynamic_cast<strategies::FSDPStrategy*>(&strategy);
   if (!fsdp) {
     LOCKSTEP_CHECK(!state_set, UsageError, "--fsdp-state-dict-type ", o.fsdp_state_dict_type(),
                    " is for --strategy fsdp, but the strategy is ", strategy.name(), ". Add --strategy fsdp, or drop it.");
+    LOCKSTEP_CHECK(!dtype_set, UsageError, o.fsdp_param_dtype().empty() ? "--fsdp-reduce-dtype " : "--fsdp-param-dtype ",
+                   o.fsdp_param_dtype().empty() ? o.fsdp_reduce_dtype() : o.fsdp_param_dtype(),
+                   " is for --strategy fsdp, but the strategy is ", strategy.name(),
+                   ". Add --strategy fsdp, or use --precision bf16-mixed.");
     LOCKSTEP_CHECK(!hybrid_set, UsageError, "--fsdp-hybrid-shard-size ", o.fsdp_hybrid_shard_size(),
                    " is for --strategy fsdp, but the strategy is ", strategy.name(), ". Add --strategy fsdp, or drop it.");
     LOCKSTEP_CHECK(!types_set && !checkpointing_set, UsageError,
@@ -198,6 +210,12 @@ void apply_sharding_options(const PlanOptions& o, strategies::Strategy& strategy
   if (types_set) fsdp->sharding_options().auto_wrap_module_types(type_names(o.fsdp_auto_wrap_types()));
   if (checkpointing_set) {
     fsdp->sharding_options().activation_checkpointing_module_types(type_names(o.fsdp_activation_checkpointing_types()));
+  }
+  if (!o.fsdp_param_dtype().empty()) {
+    fsdp->sharding_options().param_dtype(low_precision_dtype("--fsdp-param-dtype", o.fsdp_param_dtype()));
+  }
+  if (!o.fsdp_reduce_dtype().empty()) {
+    fsdp->sharding_options().reduce_dtype(low_precision_dtype("--fsdp-reduce-dtype", o.fsdp_reduce_dtype()));
   }
   if (hybrid_set) {
     LOCKSTEP_CHECK(fsdp->sharding_options().sharding_strategy() == distributed::ShardingStrategy::hybrid_shard,
@@ -301,6 +319,12 @@ ExecutionPlan resolve_plan(const PlanOptions& o, const environments::Environ& en
                  accelerators::to_string(c.accelerator), ". Use --accelerator cuda, or --process-group-backend gloo.");
   plan.strategy = strategy_for(o, c.devices_per_node * c.num_nodes, std::move(strategy));
   apply_sharding_options(o, *plan.strategy);
+  const auto* fsdp = dynamic_cast<const strategies::FSDPStrategy*>(plan.strategy.get());
+  LOCKSTEP_CHECK(!fsdp || fsdp->sharding_options().param_dtype() != at::kHalf ||
+                     c.accelerator == accelerators::Accelerator::cuda,
+                 UsageError, "--fsdp-param-dtype 16 computes in float16, which LibTorch's CPU matmuls lack, and "
+                 "the accelerator is ", accelerators::to_string(c.accelerator),
+                 ". Use --fsdp-param-dtype bf16, or --accelerator cuda.");
   c.timeout_seconds = o.timeout();
   c.sync_batchnorm = o.sync_batchnorm();
   std::string debug = o.distributed_debug();

@@ -4,6 +4,7 @@
 #include <lockstep/strategies/fsdp_strategy.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,27 @@ TEST(FSDPStrategyFlags, UnitsByTypeAndCheckpointingReachTheWrapper) {
     EXPECT_EQ(o.auto_wrap_module_types(), (std::vector<std::string>{"ReLU", "torch::nn::Linear"}));
     EXPECT_EQ(o.activation_checkpointing_module_types(), (std::vector<std::string>{"Linear"}));
     EXPECT_EQ(fsdp.fsdp()->unit_count(), 4u) << "two Linear units, one ReLU unit and the root";
+  });
+}
+
+// --fsdp-param-dtype and --fsdp-reduce-dtype reach the wrapper, whose unit then computes in
+// bfloat16 while the parameters it leaves between steps stay float32 (what the numbers are:
+// FullyShardedDataParallel.MixedPrecisionComputesUnitsAndReducesInBfloat16).
+TEST(FSDPStrategyFlags, MixedPrecisionReachesTheWrapper) {
+  std::vector<torch::nn::Sequential> models{model(), model()};
+  auto options = fsdp_ranks().fsdp_auto_wrap_min_params(200).fsdp_param_dtype("bf16").fsdp_reduce_dtype("16");
+  run_plan_ranks(2, options, [&](ExecutionPlan& plan) {
+    auto& fsdp = dynamic_cast<strategies::FSDPStrategy&>(*plan.strategy);
+    auto& net = models[plan.strategy->global_rank()];
+    auto wrapped = fsdp.setup_module(net.ptr());
+    const auto& o = fsdp.fsdp()->options();
+    EXPECT_EQ(o.param_dtype(), std::optional<at::ScalarType>(at::kBFloat16));
+    EXPECT_EQ(o.reduce_dtype(), std::optional<at::ScalarType>(at::kHalf));
+    wrapped->before_forward();
+    const auto out = net->forward(torch::ones({2, 6}));
+    EXPECT_EQ(out.scalar_type(), at::kFloat) << "the unit's output is cast back";
+    out.sum().backward();
+    for (const auto& p : net->parameters()) EXPECT_EQ(p.scalar_type(), at::kFloat);
   });
 }
 

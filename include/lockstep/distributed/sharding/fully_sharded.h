@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -127,6 +128,8 @@ class FullyShardedDataParallelBase {
 
   /// For the unit wrappers (detail): around a child unit's forward.
   void before_unit_forward(size_t unit);
+  /// The dtype a child unit computes in: ShardingOptions::param_dtype, or none.
+  std::optional<at::ScalarType> unit_compute_dtype() const { return options_.param_dtype(); }
   void after_unit_forward(size_t unit, const at::Tensor& output);
 
  private:
@@ -140,6 +143,8 @@ class FullyShardedDataParallelBase {
   /// Starts gathering `unit` on the communication thread, unless it is gathered or on its way.
   void prefetch(Unit& unit);
   void reshard(Unit& unit);
+  /// Points the unit's parameters at their whole values (in `full`) or at this rank's pieces.
+  void show(Unit& unit, bool whole);
   /// Waits for everything on the communication thread (before collectives of the training thread).
   void settle();
   void begin_backward();

@@ -2,9 +2,11 @@
 /// Options for FullyShardedDataParallel.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include <c10/core/ScalarType.h>
 #include <torch/arg.h>
 
 namespace lockstep {
@@ -64,6 +66,18 @@ struct ShardingOptions {
   /// k..2k-1, ...); it must divide the world size. 0: the ranks of each host, which must be
   /// consecutive and as many on every host (as torchrun and SLURM place them). Default: 0.
   TORCH_ARG(int, hybrid_shard_size) = 0;
+  /// Mixed precision (PyTorch FSDP's MixedPrecision::param_dtype): the dtype the child units'
+  /// parameters are gathered in and their forward and backward compute in (at::kBFloat16): a
+  /// unit's input is cast to it and its output back. The shards, their gradients and the
+  /// optimizer stay in the parameters' own dtype, and so does the root unit (the parts of the
+  /// model in no child unit). Needs child units and parameters gathered before forward
+  /// (FULL_SHARD, HYBRID_SHARD, SHARD_GRAD_OP). Default: none (the parameters' dtype).
+  TORCH_ARG(std::optional<at::ScalarType>, param_dtype) = std::nullopt;
+  /// The dtype gradients are reduced in (MixedPrecision::reduce_dtype): each unit's gradients
+  /// are cast to it before the reduce-scatter (all-reduce), summed in float32, and added to the
+  /// kept gradients in their own dtype. Half the bytes between ranks with at::kBFloat16.
+  /// Default: none (the parameters' dtype).
+  TORCH_ARG(std::optional<at::ScalarType>, reduce_dtype) = std::nullopt;
   /// Reduce-scatter and all-gather in memory shared by the ranks of one host (CPU float32 and
   /// float64 parameters, more than one rank), as DDPOptions::shared_memory; otherwise through
   /// the process group. LOCKSTEP_DDP_SHARED_MEMORY=0 turns it off too. Default: true.

@@ -85,7 +85,12 @@ class UnitForward : public torch::nn::Module {
       : engine_(engine), unit_(unit), inner_(std::move(inner)), checkpointed_(checkpointed) {}
   at::Tensor forward(at::Tensor input) {
     engine_->before_unit_forward(unit_);
-    auto output = checkpointed_ ? detail::checkpointed_forward(inner_, input) : inner_.forward(input);
+    // With a param_dtype the unit computes in it: its input cast there, its output back.
+    const auto dtype = engine_->unit_compute_dtype();
+    const bool cast = dtype && input.is_floating_point() && input.scalar_type() != *dtype;
+    const auto in = cast ? input.to(*dtype) : input;
+    auto output = checkpointed_ ? detail::checkpointed_forward(inner_, in) : inner_.forward(in);
+    if (cast && output.is_floating_point()) output = output.to(input.scalar_type());
     engine_->after_unit_forward(unit_, output);
     return output;
   }
@@ -146,6 +151,17 @@ struct UnitPolicy {
   std::vector<std::string> types, checkpointed;
   std::vector<std::string> seen;  // the types of Sequentials' children, for messages
 };
+
+// An all-reduce of `tensor` in place; bfloat16 goes as float32 (Gloo has no bfloat16 in LibTorch 1.13).
+void all_reduce_wide(ProcessGroup& group, at::Tensor& tensor, ReduceOp op, const std::string& tag) {
+  if (tensor.scalar_type() != at::kBFloat16) {
+    all_reduce(group, tensor, op, CollectiveOptions().tag(tag));
+    return;
+  }
+  auto wide = tensor.to(at::kFloat);
+  all_reduce(group, wide, op, CollectiveOptions().tag(tag));
+  tensor.copy_(wide);
+}
 
 // Parameters sharded at rest, gathered around each unit's forward and backward.
 bool shards_at_rest(ShardingStrategy strategy) {
@@ -227,6 +243,7 @@ struct FullyShardedDataParallelBase::Unit {
   std::vector<at::Tensor> pieces;  // parameter i's piece, in `shard`
   std::vector<at::Tensor> grads;   // parameter i's kept gradient (whole or piece), in `reduced`
   std::vector<bool> arrived;       // parameter i got its gradient in this backward
+  size_t first_parameter = 0;      // parameter i is where_[first_parameter + i]
   size_t pending = 0;
   bool gathered = true;  // `full` holds the current parameters, once `gathering` completes
   detail::CommThread::Ticket gathering;  // an all-gather into `full` on the communication thread
@@ -249,6 +266,19 @@ FullyShardedDataParallelBase::FullyShardedDataParallelBase(std::shared_ptr<torch
     throw UsageError("ShardingOptions: hybrid_shard_size " + std::to_string(options_.hybrid_shard_size()) +
                      " is for HYBRID_SHARD, but the sharding is " + to_string(options_.sharding_strategy()) +
                      ". Set sharding_strategy(ShardingStrategy::hybrid_shard), or drop it.");
+  }
+  for (const auto& [dtype, option] : {std::make_pair(options_.param_dtype(), "param_dtype"),
+                                      std::make_pair(options_.reduce_dtype(), "reduce_dtype")}) {
+    if (dtype && !at::isFloatingType(*dtype)) {
+      throw UsageError(std::string("ShardingOptions: ") + option + " " + c10::toString(*dtype) +
+                       " is not a floating dtype; give at::kBFloat16, at::kHalf or at::kFloat.");
+    }
+  }
+  if (options_.param_dtype() && (options_.sharding_strategy() == ShardingStrategy::no_shard ||
+                                 options_.sharding_strategy() == ShardingStrategy::shard_optimizer_state)) {
+    throw UsageError("ShardingOptions: param_dtype needs parameters gathered before forward (FULL_SHARD, "
+                     "HYBRID_SHARD or SHARD_GRAD_OP), but the sharding is " + to_string(options_.sharding_strategy()) +
+                     ". Change the sharding, or compute in low precision with autocast (--precision bf16-mixed).");
   }
   verify_same_parameters(*module_, group_, "FullyShardedDataParallel");
   std::vector<at::Tensor> state;
@@ -328,6 +358,11 @@ void FullyShardedDataParallelBase::build_units() {
   }
   check_types_found(policy.types, "auto_wrap_module_types", policy.seen);
   check_types_found(policy.checkpointed, "activation_checkpointing_module_types", policy.seen);
+  if (options_.param_dtype() && children.empty()) {
+    throw UsageError("ShardingOptions: param_dtype " + std::string(c10::toString(*options_.param_dtype())) +
+                     " applies to child units, and the module has none (the root unit keeps the parameters' "
+                     "dtype). Make units with auto_wrap_min_params or auto_wrap_module_types.");
+  }
   // Unit 0 is the root: every parameter that requires grad and is in no child unit.
   std::unordered_map<const void*, size_t> unit_of;
   std::vector<std::vector<std::pair<std::string, at::Tensor>>> members(children.size() + 1);
@@ -367,14 +402,18 @@ void FullyShardedDataParallelBase::build_units() {
     unit->layout = FlatLayout::of(unit->params, shard_group_->world_size());
     const auto& layout = unit->layout;
     const auto options = unit->params.empty() ? at::TensorOptions(at::kFloat) : unit->params.front().options();
-    unit->full = at::zeros({layout.padded_numel()}, options);
+    auto flat = at::zeros({layout.padded_numel()}, options);
     for (size_t i = 0; i < unit->params.size(); ++i) {
-      unit->full.narrow(0, layout.offsets[i], layout.numels[i]).copy_(unit->params[i].reshape({-1}));
+      flat.narrow(0, layout.offsets[i], layout.numels[i]).copy_(unit->params[i].reshape({-1}));
     }
+    // A child unit with a param_dtype is gathered in it; its shard keeps the parameters' dtype.
+    const bool low = u > 0 && options_.param_dtype() && *options_.param_dtype() != options.dtype().toScalarType();
+    unit->full = low ? flat.to(*options_.param_dtype()) : flat;
     const int64_t mine = rank * layout.shard_numel;
-    unit->shard = shards_at_rest(options_.sharding_strategy())
-                      ? unit->full.narrow(0, mine, layout.shard_numel).clone()
+    unit->shard = shards_at_rest(options_.sharding_strategy()) || low
+                      ? flat.narrow(0, mine, layout.shard_numel).clone()
                       : alias(unit->full, mine, {layout.shard_numel});
+    unit->first_parameter = where_.size();
     unit->reduced = at::zeros({whole_grads ? layout.padded_numel() : layout.shard_numel}, options);
     for (size_t i = 0; i < unit->params.size(); ++i) {
       auto& p = unit->params[i];
@@ -426,7 +465,9 @@ void FullyShardedDataParallelBase::prefetch(Unit& unit) {
   Unit* u = &unit;
   unit.gathering = comm_->submit([this, u] {
     const auto start = std::chrono::steady_clock::now();
-    transport_->all_gather(u->shard, u->full, "all_gather of unit '" + u->name + "''s parameters");
+    // In the unit's compute dtype (param_dtype): half the bytes with bfloat16.
+    const auto shard = u->shard.scalar_type() == u->full.scalar_type() ? u->shard : u->shard.to(u->full.scalar_type());
+    transport_->all_gather(shard, u->full, "all_gather of unit '" + u->name + "''s parameters");
     std::lock_guard<std::mutex> lock(times_mutex_);
     times_.all_gathers += 1;
     times_.all_gather_s += seconds_since(start);
@@ -462,18 +503,28 @@ void FullyShardedDataParallelBase::settle() {
 void FullyShardedDataParallelBase::gather(Unit& unit) {
   prefetch(unit);
   wait_gathered(unit);
-  if (!unit.showing_whole) {
-    for (size_t i = 0; i < unit.params.size(); ++i) unit.params[i].set_data(unit.whole[i]);
-    unit.showing_whole = true;
+  if (!unit.showing_whole) show(unit, true);
+}
+
+void FullyShardedDataParallelBase::show(Unit& unit, bool whole) {
+  for (size_t i = 0; i < unit.params.size(); ++i) {
+    auto& p = unit.params[i];
+    const auto& value = whole ? unit.whole[i] : unit.pieces[i];
+    const bool retyped = p.scalar_type() != value.scalar_type();
+    p.set_data(value);
+    if (retyped) {
+      // set_data to another dtype lets go of the parameter's gradient accumulator; ours (with its
+      // hooks, and the whole shape and own dtype that incoming gradients are cast to) goes back.
+      auto* meta = torch::autograd::impl::get_autograd_meta(p);
+      meta->grad_accumulator_ = decltype(meta->grad_accumulator_)(accumulators_[unit.first_parameter + i]);
+    }
   }
+  unit.showing_whole = whole;
 }
 
 void FullyShardedDataParallelBase::reshard(Unit& unit) {
   if (options_.sharding_strategy() == ShardingStrategy::no_shard) return;
-  if (unit.showing_whole) {
-    for (size_t i = 0; i < unit.params.size(); ++i) unit.params[i].set_data(unit.pieces[i]);
-    unit.showing_whole = false;
-  }
+  if (unit.showing_whole) show(unit, false);
   if (shards_at_rest(options_.sharding_strategy()) && unit.gathered) {
     wait_gathered(unit);  // a prefetch not used: let it land first
     free_storage(unit.full);
@@ -531,7 +582,7 @@ void FullyShardedDataParallelBase::set_aside(Unit& unit, size_t i) {
     }
     unit.grads[i].copy_(grad.reshape(unit.grads[i].sizes()));
   }
-  if (!unit.flat_grad.defined()) unit.flat_grad = at::zeros({unit.layout.padded_numel()}, unit.full.options());
+  if (!unit.flat_grad.defined()) unit.flat_grad = at::zeros({unit.layout.padded_numel()}, unit.shard.options());
   grad = alias(unit.flat_grad, unit.layout.offsets[i], unit.layout.shapes[i]);
 }
 
@@ -570,21 +621,20 @@ void FullyShardedDataParallelBase::reduce(Unit& unit) {
   if (shards_at_rest(options_.sharding_strategy())) reshard(unit);
   auto flat = std::move(unit.flat_grad);
   unit.flat_grad = at::Tensor();
-  if (!flat.defined()) flat = at::zeros({unit.layout.padded_numel()}, unit.full.options());  // no parameters
+  if (!flat.defined()) flat = at::zeros({unit.layout.padded_numel()}, unit.shard.options());  // no parameters
   Unit* u = &unit;
   comm_->submit([this, u, flat = std::move(flat)]() mutable {
     torch::NoGradGuard no_grad;
     const auto start = std::chrono::steady_clock::now();
     const std::string what = "the gradients of unit '" + u->name + "'";
+    if (options_.reduce_dtype()) flat = flat.to(*options_.reduce_dtype());
     if (u->reduced.numel() == flat.numel()) {
-      all_reduce(group_, flat, ReduceOp::mean, CollectiveOptions().tag("FSDP all_reduce of " + what));
+      all_reduce_wide(group_, flat, ReduceOp::mean, "FSDP all_reduce of " + what);
       u->reduced.add_(flat);
     } else {
       auto part = at::empty({u->layout.shard_numel}, flat.options());
       transport_->reduce_scatter(flat, part, group_.world_size(), "reduce_scatter of " + what);
-      if (replica_group_) {
-        all_reduce(*replica_group_, part, ReduceOp::sum, CollectiveOptions().tag("FSDP all_reduce across replicas of " + what));
-      }
+      if (replica_group_) all_reduce_wide(*replica_group_, part, ReduceOp::sum, "FSDP all_reduce across replicas of " + what);
       u->reduced.add_(part);
     }
     flat = at::Tensor();

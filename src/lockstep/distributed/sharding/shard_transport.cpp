@@ -73,6 +73,12 @@ void nccl_all_gather(ProcessGroup& group, const at::Tensor& shard, at::Tensor& f
 }
 #endif
 
+// For Gloo, which moves no bfloat16 (LibTorch 1.13; nor int16): its bits as float16, which Gloo
+// copies unchanged. The collectives that use it only move data; sums are ours.
+at::Tensor movable(const at::Tensor& tensor) {
+  return tensor.scalar_type() == at::kBFloat16 ? tensor.view(at::kHalf) : tensor;
+}
+
 // Why shared memory cannot serve this group, or "" if it may.
 std::string shared_memory_unsuitable(const ProcessGroup& group, bool allowed) {
   if (!allowed) return "turned off by the caller";
@@ -108,7 +114,9 @@ void sum_rows_in_rank_order(const at::Tensor& rows, at::Tensor& shard, double di
                      shard.is_contiguous() && shard.scalar_type() == dtype;
   if (plain && dtype == at::kFloat) return sum_rows_typed<float>(rows, shard, divisor);
   if (plain && dtype == at::kDouble) return sum_rows_typed<double>(rows, shard, divisor);
-  auto sum = rows[0].clone();
+  // Reduced precision (bfloat16, float16) is summed in float32 and rounded once.
+  const bool narrow = dtype == at::kBFloat16 || dtype == at::kHalf;
+  auto sum = narrow ? rows[0].to(at::kFloat) : rows[0].clone();
   for (int64_t r = 1; r < rows.size(0); ++r) sum.add_(rows[r]);
   if (divisor != 1.0) sum.div_(divisor);
   shard.copy_(sum.view_as(shard));
@@ -127,7 +135,9 @@ void reduce_scatter_equal_shards(ProcessGroup& group, const at::Tensor& flat, at
   std::vector<int64_t> equal_parts;  // none given: world_size equal parts
   c10d::AllToAllOptions o;
   o.timeout = timeout_of(group, options);
-  wait_for(group, group.backend()->alltoall_base(received, input, equal_parts, equal_parts, o), what, options);
+  auto moved_in = movable(received);
+  auto moved_out = movable(input);
+  wait_for(group, group.backend()->alltoall_base(moved_in, moved_out, equal_parts, equal_parts, o), what, options);
   sum_rows_in_rank_order(received.view({group.world_size(), shard.numel()}), shard, divisor);
 }
 
@@ -139,10 +149,10 @@ void all_gather_equal_shards(ProcessGroup& group, const at::Tensor& shard, at::T
   // Gloo (1.13) has no flat all-gather: the list form, into views of `flat`.
   const int64_t n = shard.numel();
   if (n == 0) return;
-  auto whole = flat.view(-1);
+  auto whole = movable(flat.view(-1));
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < group.world_size(); ++r) outputs[0].push_back(whole.narrow(0, r * n, n));
-  std::vector<at::Tensor> inputs{shard.view(-1)};
+  std::vector<at::Tensor> inputs{movable(shard.view(-1))};
   c10d::AllgatherOptions o;
   o.timeout = timeout_of(group, options);
   wait_for(group, group.backend()->allgather(outputs, inputs, o), what, options);

@@ -1,5 +1,7 @@
 #include <lockstep/distributed/sharding/fully_sharded.h>
 
+#include <iostream>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -52,6 +54,7 @@ struct Training {
   bool zero_after_forward = false;  // opt.zero_grad() between the forward and the backward
   std::vector<std::string> checkpointed;  // activation_checkpointing_module_types
   int hybrid_size = 0;                    // hybrid_shard_size
+  std::optional<at::ScalarType> param_dtype, reduce_dtype;
 };
 
 std::vector<at::Tensor> initial_parameters() {
@@ -95,7 +98,9 @@ std::vector<std::vector<at::Tensor>> train_sharded(const std::vector<at::Tensor>
                                       .sharding_strategy(strategy)
                                       .auto_wrap_min_params(t.min_params)
                                       .activation_checkpointing_module_types(t.checkpointed)
-                                      .hybrid_shard_size(t.hybrid_size));
+                                      .hybrid_shard_size(t.hybrid_size)
+                                      .param_dtype(t.param_dtype)
+                                      .reduce_dtype(t.reduce_dtype));
     torch::optim::Adam opt(fsdp.parameters(), torch::optim::AdamOptions(0.01));
     for (int s = 0; s < kSteps; ++s) {
       if (!t.zero_after_forward) opt.zero_grad();
@@ -249,6 +254,72 @@ TEST(FullyShardedDataParallel, HybridShardShardsInsideGroupsAndReplicatesAcross)
       for (size_t k = 0; k < held[0].size(); ++k) {
         EXPECT_TRUE(held[0][k].equal(held[2][k])) << "parameter " << k;
         EXPECT_TRUE(held[1][k].equal(held[3][k])) << "parameter " << k;
+      }
+    }
+  }
+}
+
+// One process doing, rank by rank, what mixed precision does on `world` ranks: with `param_bf16`
+// the two hidden Linear layers (child units) compute in bfloat16 from float32 weights (the last
+// one, in the root, stays float32); each rank's gradients, in float32 (with `reduce_bf16` rounded
+// to bfloat16, then summed in float32 and rounded again), are averaged; Adam steps in float32.
+std::vector<at::Tensor> train_mixed_reference(const std::vector<at::Tensor>& init, const Data& data, int world,
+                                              bool param_bf16, bool reduce_bf16) {
+  auto model = mlp();
+  copy_into(model->parameters(), init);
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.01));
+  const auto layer = [&](size_t index, const at::Tensor& x) {
+    auto linear = model->ptr<torch::nn::LinearImpl>(index);
+    if (!param_bf16) return linear->forward(x);
+    const auto low = at::kBFloat16;
+    return torch::nn::functional::linear(x.to(low), linear->weight.to(low), linear->bias.to(low)).to(at::kFloat);
+  };
+  const auto round = [&](const at::Tensor& g) { return reduce_bf16 ? g.to(at::kBFloat16).to(at::kFloat) : g; };
+  auto params = model->parameters();
+  for (int s = 0; s < kSteps; ++s) {
+    std::vector<at::Tensor> sum(params.size());
+    for (int r = 0; r < world; ++r) {
+      for (auto& p : params) p.mutable_grad() = at::Tensor();
+      const auto x = data.inputs[s].narrow(0, r * kPerRank, kPerRank);
+      const auto y = data.targets[s].narrow(0, r * kPerRank, kPerRank);
+      const auto hidden = torch::relu(layer(2, torch::relu(layer(0, x))));
+      torch::cross_entropy_loss(model->ptr<torch::nn::LinearImpl>(4)->forward(hidden), y).backward();
+      for (size_t k = 0; k < params.size(); ++k) sum[k] = r == 0 ? round(params[k].grad()) : sum[k] + round(params[k].grad());
+    }
+    for (size_t k = 0; k < params.size(); ++k) params[k].mutable_grad() = round(sum[k] / world);
+    opt.step();
+  }
+  return clone_all(model->parameters());
+}
+
+// param_dtype and reduce_dtype bfloat16 do what the reference does by hand, on 2 ranks with
+// FULL_SHARD and SHARD_GRAD_OP (all-gathers and all-to-alls of bfloat16 through Gloo as int16);
+// and bfloat16 changes the result (it is not float32 under another name).
+TEST(FullyShardedDataParallel, MixedPrecisionComputesUnitsAndReducesInBfloat16) {
+  const auto init = initial_parameters();
+  Training t;
+  const Data data(kSteps, t.world * kPerRank);
+  const auto names = lockstep::testing::parameter_names(*mlp());
+  const auto float32 = train_reference(init, data, t);
+  for (auto [param_bf16, reduce_bf16] : {std::pair{true, false}, std::pair{false, true}, std::pair{true, true}}) {
+    Training mixed = t;
+    if (param_bf16) mixed.param_dtype = at::kBFloat16;
+    if (reduce_bf16) mixed.reduce_dtype = at::kBFloat16;
+    const auto expected = train_mixed_reference(init, data, t.world, param_bf16, reduce_bf16);
+    double moved = 0;
+    EXPECT_FALSE(parameters_close(expected, float32, 1e-4, names, &moved)) << "bfloat16 must change the numbers";
+    for (auto strategy : {ShardingStrategy::full_shard, ShardingStrategy::shard_grad_op}) {
+      const auto ranks = train_sharded(init, data, mixed, strategy);
+      for (int r = 0; r < t.world; ++r) {
+        double worst = 0;
+        EXPECT_TRUE(parameters_close(ranks[r], expected, 1e-5, names, &worst))
+            << "rank " << r << ", " << to_string(strategy) << ", param_dtype " << (param_bf16 ? "bf16" : "none")
+            << ", reduce_dtype " << (reduce_bf16 ? "bf16" : "none");
+        if (r == 0) {
+          std::cout << to_string(strategy) << ", param_dtype " << (param_bf16 ? "bf16" : "none") << ", reduce_dtype "
+                    << (reduce_bf16 ? "bf16" : "none") << ": max |difference| " << worst << " from the reference, which is "
+                    << moved << " from float32\n";
+        }
       }
     }
   }
@@ -454,6 +525,17 @@ TEST(FullyShardedDataParallel, BadOptionsAreUsageErrors) {
                      ShardingOptions().sharding_strategy(ShardingStrategy::hybrid_shard).hybrid_shard_size(3)),
                  UsageError);
     EXPECT_THROW(FullyShardedDataParallel(models[g.rank()], g, ShardingOptions().hybrid_shard_size(1)), UsageError);
+    // param_dtype: a floating dtype, parameters that are gathered, and child units to compute in it.
+    EXPECT_THROW(FullyShardedDataParallel(models[g.rank()], g,
+                                          ShardingOptions().param_dtype(at::kInt).auto_wrap_min_params(1000)),
+                 UsageError);
+    EXPECT_THROW(FullyShardedDataParallel(models[g.rank()], g,
+                                          ShardingOptions()
+                                              .sharding_strategy(ShardingStrategy::no_shard)
+                                              .param_dtype(at::kBFloat16)
+                                              .auto_wrap_min_params(1000)),
+                 UsageError);
+    EXPECT_THROW(FullyShardedDataParallel(models[g.rank()], g, ShardingOptions().param_dtype(at::kBFloat16)), UsageError);
   });
 }
 
