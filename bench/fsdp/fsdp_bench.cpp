@@ -15,6 +15,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -97,12 +98,19 @@ int run(int argc, char** argv) {
   app.add_option("--batch", batch, "examples per rank per step")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--auto-wrap-min-params", min_params, "a Linear with at least this many parameters is a unit")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  bool bf16 = false;
+  app.add_flag("--bf16", bf16, "FullyShardedDataParallel's param_dtype and reduce_dtype bfloat16");
   app.add_option("--start-method", start_method, "popen: re-execute for the other ranks; fork: fork them")
       ->check(CLI::IsMember({"popen", "fork"}));
   CLI11_PARSE(app, argc, argv);
   const bool ddp_side = sharding == "DDP" || sharding == "ddp";
   const auto strategy = ddp_side ? distributed::ShardingStrategy::no_shard : distributed::parse_sharding_strategy(sharding);
   const std::string sharding_name = ddp_side ? "DDP" : distributed::to_string(strategy);
+  if (bf16 && ddp_side) {
+    std::cerr << "bench_fsdp: --bf16 is FullyShardedDataParallel's mixed precision; --sharding DDP has none. Give "
+                 "another --sharding, or drop --bf16.\n";
+    return 2;
+  }
 
   auto env = environments::detect_environment(environments::Environ::from_process());
   if (!env->creates_processes_externally() && nproc > 1) {
@@ -129,7 +137,12 @@ int run(int argc, char** argv) {
     trained = net->parameters();
   } else {
     fsdp = std::make_unique<distributed::FullyShardedDataParallel<NetImpl>>(
-        net, *group, distributed::ShardingOptions().sharding_strategy(strategy).auto_wrap_min_params(min_params));
+        net, *group,
+        distributed::ShardingOptions()
+            .sharding_strategy(strategy)
+            .auto_wrap_min_params(min_params)
+            .param_dtype(bf16 ? std::optional<at::ScalarType>(at::kBFloat16) : std::nullopt)
+            .reduce_dtype(bf16 ? std::optional<at::ScalarType>(at::kBFloat16) : std::nullopt));
     trained = fsdp->parameters();  // this rank's pieces
   }
   torch::optim::Adam optimizer(trained, torch::optim::AdamOptions(1e-3));
@@ -176,7 +189,7 @@ int run(int argc, char** argv) {
   }
   if (group->rank() == 0) {
     nlohmann::json out{{"impl", "lockstep"},
-                       {"sharding", sharding_name},
+                       {"sharding", sharding_name + (bf16 ? " bf16" : "")},
                        {"model", model},
                        {"parameters", parameters},
                        {"world_size", group->world_size()},

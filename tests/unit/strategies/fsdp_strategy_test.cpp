@@ -12,6 +12,8 @@
 #include <torch/torch.h>
 
 #include <lockstep/core/error.h>
+#include <lockstep/checkpoint/checkpoint_io.h>
+#include <lockstep/checkpoint/sharded_checkpoint.h>
 #include <lockstep/plan/connector.h>
 
 #include "../../support/plan_ranks.h"
@@ -131,6 +133,68 @@ TEST(FSDPStrategyState, WholeStateRoundTripsThroughTheShards) {
     const auto moments_back = strategy.optimizer_state_dict(opt);
     EXPECT_TRUE(moments_back.at("state").toGenericDict().at(int64_t{0}).toGenericDict().at("exp_avg").toTensor().equal(
         exp_avg));
+  });
+}
+
+// A sharded checkpoint that 2 ranks wrote loads on 4 ranks (each reads its pieces of the new
+// layout, resharding): gathered there, the parameters and Adam's moments are the saved ones, bit
+// for bit.
+TEST(FSDPStrategyState, TwoRanksShardedCheckpointLoadsOnFourBitForBit) {
+  testing::TempDir dir("lockstep_fsdp_reshard");
+  const std::string path = dir / "two.ckpt";
+  const auto sharded = [](int ranks) {
+    return fsdp_ranks().devices(std::to_string(ranks)).fsdp_state_dict_type("sharded").fsdp_auto_wrap_min_params(200);
+  };
+  std::vector<torch::nn::Sequential> two{model(), model()};
+  run_plan_ranks(2, sharded(2), [&](ExecutionPlan& plan) {
+    auto& strategy = *plan.strategy;
+    auto& net = two[strategy.global_rank()];
+    auto wrapped = strategy.setup_module(net.ptr());
+    auto opt = std::make_shared<torch::optim::Adam>(net->parameters(), 0.01);
+    for (int step = 0; step < 2; ++step) {
+      wrapped->before_forward();
+      net->forward(torch::full({4, 6}, strategy.global_rank() + 1.0 + step)).pow(2).sum().backward();
+      opt->step();
+      opt->zero_grad();
+    }
+    auto state = checkpoint::make_checkpoint();
+    state.insert("state_dict", strategy.module_state_dict(*net));
+    c10::impl::GenericList optimizers(c10::AnyType::get());
+    optimizers.push_back(strategy.optimizer_state_dict(*opt));
+    state.insert("optimizer_states", optimizers);
+    strategy.save_checkpoint(state, path, checkpoint::CheckpointIO(), {opt});
+  });
+  ASSERT_TRUE(checkpoint::is_sharded_checkpoint(path));
+  const auto saved = checkpoint::to_full_checkpoint(checkpoint::load_sharded(path));
+  const auto saved_params = saved.at("state_dict").toGenericDict();
+  const auto saved_moments = saved.at("optimizer_states").toList().get(0).toGenericDict().at("state").toGenericDict();
+
+  std::vector<torch::nn::Sequential> four{model(), model(), model(), model()};
+  run_plan_ranks(4, sharded(4), [&](ExecutionPlan& plan) {
+    auto& strategy = dynamic_cast<strategies::FSDPStrategy&>(*plan.strategy);
+    auto& net = four[strategy.global_rank()];
+    strategy.setup_module(net.ptr());
+    auto opt = std::make_shared<torch::optim::Adam>(net->parameters(), 0.01);
+    const auto loaded = strategy.load_checkpoint(path, checkpoint::CheckpointIO(), {opt});
+    strategy.load_module_state_dict(*net, loaded.at("state_dict").toGenericDict(), /*strict=*/true);
+    strategy.load_optimizer_state_dict(*opt, loaded.at("optimizer_states").toList().get(0).toGenericDict());
+    auto& fsdp = *strategy.fsdp();
+    for (const auto& [name, whole] : fsdp.full_state_dict()) {
+      EXPECT_TRUE(whole.equal(saved_params.at(name).toTensor())) << name << ", rank " << strategy.global_rank();
+    }
+    const auto params = net->parameters();
+    const auto mine = strategy.optimizer_state_dict(*opt).at("state").toGenericDict();  // this rank's pieces
+    for (const char* moment : {"exp_avg", "exp_avg_sq"}) {
+      std::vector<at::Tensor> pieces;
+      for (size_t k = 0; k < params.size(); ++k) {
+        pieces.push_back(mine.at(static_cast<int64_t>(k)).toGenericDict().at(moment).toTensor());
+      }
+      const auto whole = fsdp.gather_pieces(pieces);
+      for (size_t k = 0; k < params.size(); ++k) {
+        const auto expected = saved_moments.at(static_cast<int64_t>(k)).toGenericDict().at(moment).toTensor();
+        EXPECT_TRUE(whole[k].equal(expected.view(whole[k].sizes()))) << moment << " of parameter " << k;
+      }
+    }
   });
 }
 

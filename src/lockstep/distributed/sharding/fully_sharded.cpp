@@ -461,10 +461,11 @@ void FullyShardedDataParallelBase::build_units() {
 
 void FullyShardedDataParallelBase::prefetch(Unit& unit) {
   if (unit.gathered) return;
-  allocate_storage(unit.full);
   Unit* u = &unit;
   unit.gathering = comm_->submit([this, u] {
     const auto start = std::chrono::steady_clock::now();
+    // Allocated here, in queue order: after the reductions queued before it have freed theirs.
+    allocate_storage(u->full);
     // In the unit's compute dtype (param_dtype): half the bytes with bfloat16.
     const auto shard = u->shard.scalar_type() == u->full.scalar_type() ? u->shard : u->shard.to(u->full.scalar_type());
     transport_->all_gather(shard, u->full, "all_gather of unit '" + u->name + "''s parameters");
