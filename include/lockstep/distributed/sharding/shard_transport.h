@@ -41,7 +41,7 @@ std::shared_ptr<ShardTransport> c10d_shard_transport(ProcessGroup& group);
 /// several hosts, c10d. A collective: every rank of `group` calls it with the same
 /// `max_flat_bytes` (the segment holds that much per rank; larger flats go through in pieces).
 /// `why_not` (may be null) receives why shared memory is not used, "" when it is. In shared
-/// memory, tensors other than contiguous CPU float32/float64 go through c10d.
+/// memory, tensors other than contiguous CPU float32, float64 and bfloat16 go through c10d.
 ///
 ///   std::string why_not;
 ///   auto transport = choose_shard_transport(group, layout.padded_numel() * 4, true, &why_not);

@@ -28,7 +28,7 @@ class SharedMemoryShardTransport : public ShardTransport {
   /// single rank, ranks on several hosts, memory that could not be shared). `host` names this
   /// rank's host; default: this machine (tests pass others). Calls must come one at a time, in
   /// the same order on every rank; `group` must outlive the transport. Tensors other than
-  /// contiguous CPU float32/float64 go through c10d_shard_transport(group).
+  /// contiguous CPU float32, float64 and bfloat16 go through c10d_shard_transport(group).
   static std::shared_ptr<SharedMemoryShardTransport> connect(ProcessGroup& group, int64_t max_flat_bytes,
                                                              const std::string& refused = "",
                                                              std::string* why_not = nullptr,

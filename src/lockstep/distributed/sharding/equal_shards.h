@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
 
 #include <lockstep/distributed/collectives.h>
 #include <lockstep/distributed/process_group.h>
@@ -34,6 +35,26 @@ void sum_in_rank_order(const std::vector<const T*>& parts, T* out, int64_t n, T 
     if (divisor != T(1)) {
       for (int64_t i = 0; i < count; ++i) block[i] /= divisor;
     }
+  }
+}
+
+/// bfloat16: summed and divided in float32, rounded once (the bits of sum_rows_in_rank_order).
+template <>
+inline void sum_in_rank_order<c10::BFloat16>(const std::vector<const c10::BFloat16*>& parts, c10::BFloat16* out,
+                                             int64_t n, c10::BFloat16 divisor) {
+  constexpr int64_t kBlock = 2048;
+  float block[kBlock];
+  const float by = static_cast<float>(divisor);
+  for (int64_t start = 0; start < n; start += kBlock) {
+    const int64_t count = std::min(kBlock, n - start);
+    for (int64_t i = 0; i < count; ++i) block[i] = static_cast<float>(parts[0][start + i]);
+    for (size_t r = 1; r < parts.size(); ++r) {
+      for (int64_t i = 0; i < count; ++i) block[i] += static_cast<float>(parts[r][start + i]);
+    }
+    if (by != 1.0f) {
+      for (int64_t i = 0; i < count; ++i) block[i] /= by;
+    }
+    for (int64_t i = 0; i < count; ++i) out[start + i] = c10::BFloat16(block[i]);
   }
 }
 

@@ -19,7 +19,9 @@ namespace {
 
 // What shared memory sums and copies itself; anything else goes through c10d.
 bool in_reach(const at::Tensor& t) {
-  return t.device().is_cpu() && t.is_contiguous() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble);
+  const auto dtype = t.scalar_type();
+  return t.device().is_cpu() && t.is_contiguous() &&
+         (dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16);
 }
 
 }  // namespace
@@ -84,6 +86,9 @@ void SharedMemoryShardTransport::reduce_scatter(const at::Tensor& flat, at::Tens
   if (flat.scalar_type() == at::kFloat) {
     reduce_scatter_pieces<float>(flat.data_ptr<float>(), shard.data_ptr<float>(), shard.numel(),
                                  static_cast<float>(divisor), what);
+  } else if (flat.scalar_type() == at::kBFloat16) {
+    reduce_scatter_pieces<c10::BFloat16>(flat.data_ptr<c10::BFloat16>(), shard.data_ptr<c10::BFloat16>(),
+                                         shard.numel(), c10::BFloat16(static_cast<float>(divisor)), what);
   } else {
     reduce_scatter_pieces<double>(flat.data_ptr<double>(), shard.data_ptr<double>(), shard.numel(), divisor, what);
   }
@@ -95,6 +100,9 @@ void SharedMemoryShardTransport::all_gather(const at::Tensor& shard, at::Tensor&
   if (!broken_.empty()) fail(what, "an earlier call failed: " + broken_);
   if (flat.scalar_type() == at::kFloat) {
     all_gather_pieces<float>(shard.data_ptr<float>(), flat.data_ptr<float>(), shard.numel(), what);
+  } else if (flat.scalar_type() == at::kBFloat16) {
+    all_gather_pieces<c10::BFloat16>(shard.data_ptr<c10::BFloat16>(), flat.data_ptr<c10::BFloat16>(), shard.numel(),
+                                     what);
   } else {
     all_gather_pieces<double>(shard.data_ptr<double>(), flat.data_ptr<double>(), shard.numel(), what);
   }

@@ -193,7 +193,7 @@ TEST(ShardTransportChoice, SharedMemoryIsRefusedWithTheReason) {
   }, forever());
 }
 
-// Shared memory takes CPU float32/float64; other tensors go through c10d on every rank.
+// Shared memory takes CPU float32, float64 and bfloat16; other tensors go through c10d on every rank.
 TEST(SharedMemoryShardTransport, OtherDtypesGoThroughC10d) {
   run_ranks(2, [](ProcessGroup& g) {
     auto transport = choose_shard_transport(g, kSlotBytes, true, nullptr);
@@ -201,6 +201,32 @@ TEST(SharedMemoryShardTransport, OtherDtypesGoThroughC10d) {
     auto shard = torch::empty({3}, torch::kInt64);
     transport->reduce_scatter(torch::arange(6, torch::kInt64) * (g.rank() + 1), shard, 1.0, "integers");
     EXPECT_TRUE(shard.equal(torch::arange(3 * g.rank(), 3 * g.rank() + 3, torch::kInt64) * 3)) << shard;
+  }, forever());
+}
+
+// bfloat16 goes through shared memory too, summed and divided in float32 and rounded once: the
+// same bits as the c10d path (which moves it through Gloo as float16 bits) and as a float32 sum.
+TEST(SharedMemoryShardTransport, Bfloat16IsSummedInFloat32OnBothPaths) {
+  constexpr int kWorld = 3;
+  constexpr int64_t kShard = 5000;
+  std::vector<at::Tensor> flats;
+  for (int r = 0; r < kWorld; ++r) {
+    auto gen = at::detail::createCPUGenerator(7 + r);
+    flats.push_back(torch::randn({kWorld * kShard}, gen).to(torch::kBFloat16));
+  }
+  const auto sum = ((flats[0].to(torch::kFloat) + flats[1] + flats[2]) / kWorld).to(torch::kBFloat16);
+  run_ranks(kWorld, [&](ProcessGroup& g) {
+    auto memory = choose_shard_transport(g, kSlotBytes, true, nullptr);
+    ASSERT_EQ(memory->name(), "shared memory");
+    const auto expected = sum.narrow(0, g.rank() * kShard, kShard);
+    for (const auto& transport : {memory, c10d_shard_transport(g)}) {
+      auto shard = torch::empty({kShard}, torch::kBFloat16);
+      transport->reduce_scatter(flats[g.rank()], shard, kWorld, "bfloat16 gradients");
+      EXPECT_TRUE(shard.equal(expected)) << transport->name();
+      auto whole = torch::empty({kWorld * kShard}, torch::kBFloat16);
+      transport->all_gather(shard, whole, "bfloat16 parameters");
+      EXPECT_TRUE(whole.equal(sum)) << transport->name();
+    }
   }, forever());
 }
 
