@@ -6,7 +6,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -128,8 +127,6 @@ class FullyShardedDataParallelBase {
 
   /// For the unit wrappers (detail): around a child unit's forward.
   void before_unit_forward(size_t unit);
-  /// The dtype a child unit computes in: ShardingOptions::param_dtype, or none.
-  std::optional<at::ScalarType> unit_compute_dtype() const { return options_.param_dtype(); }
   void after_unit_forward(size_t unit, const at::Tensor& output);
 
  private:

@@ -86,7 +86,7 @@ class UnitForward : public torch::nn::Module {
   at::Tensor forward(at::Tensor input) {
     engine_->before_unit_forward(unit_);
     // With a param_dtype the unit computes in it: its input cast there, its output back.
-    const auto dtype = engine_->unit_compute_dtype();
+    const auto dtype = engine_->options().param_dtype();
     const bool cast = dtype && input.is_floating_point() && input.scalar_type() != *dtype;
     const auto in = cast ? input.to(*dtype) : input;
     auto output = checkpointed_ ? detail::checkpointed_forward(inner_, in) : inner_.forward(in);
