@@ -28,6 +28,10 @@ std::vector<std::string> split_lines(const at::Tensor& bytes) {
   return lines;
 }
 
+// The most bytes packed into one broadcast: a whole-model buffer would double the model's memory
+// while it is wrapped.
+constexpr size_t kBroadcastBucketBytes = 16 << 20;
+
 std::string parameter_at(const std::vector<std::string>& lines, size_t k) {
   return k < lines.size() ? "'" + lines[k] + "'" : "no parameter";
 }
@@ -73,17 +77,33 @@ void verify_same_parameters(torch::nn::Module& module, ProcessGroup& group, cons
 void broadcast_tensors(ProcessGroup& group, const std::vector<at::Tensor>& tensors, const std::string& what, int src) {
   if (tensors.empty() || group.world_size() == 1) return;
   torch::NoGradGuard no_grad;
+  const auto options = CollectiveOptions().tag(what + " from rank " + std::to_string(src));
   std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
   for (const auto& t : tensors) by_dtype[t.scalar_type()].push_back(t);
   for (auto& entry : by_dtype) {
-    std::vector<at::Tensor> flat;
-    for (const auto& t : entry.second) flat.push_back(t.reshape({-1}));
-    auto packed = torch::cat(flat);
-    broadcast_tensor(group, packed, src, CollectiveOptions().tag(what + " from rank " + std::to_string(src)));
-    int64_t offset = 0;
-    for (auto& t : entry.second) {
-      t.copy_(packed.narrow(0, offset, t.numel()).view(t.sizes()));
-      offset += t.numel();
+    const auto& same = entry.second;
+    for (size_t first = 0; first < same.size();) {
+      // A contiguous tensor of a bucket's size or more goes as it is; smaller ones are packed.
+      if (same[first].is_contiguous() && same[first].nbytes() >= kBroadcastBucketBytes) {
+        auto whole = same[first++];
+        broadcast_tensor(group, whole, src, options);
+        continue;
+      }
+      size_t last = first;
+      size_t bytes = 0;
+      std::vector<at::Tensor> flat;
+      while (last < same.size() && (last == first || bytes + same[last].nbytes() <= kBroadcastBucketBytes)) {
+        bytes += same[last].nbytes();
+        flat.push_back(same[last++].reshape({-1}));
+      }
+      auto packed = torch::cat(flat);
+      broadcast_tensor(group, packed, src, options);
+      int64_t offset = 0;
+      for (size_t k = first; k < last; ++k) {
+        same[k].copy_(packed.narrow(0, offset, same[k].numel()).view(same[k].sizes()));
+        offset += same[k].numel();
+      }
+      first = last;
     }
   }
 }

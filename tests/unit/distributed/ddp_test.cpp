@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include <lockstep/distributed/collectives.h>
+#include <lockstep/distributed/module_state.h>
 
 #include "../../support/parity.h"
 #include "../../support/thread_ranks.h"
@@ -204,6 +205,28 @@ TEST(DDP, BroadcastsRankZerosParametersAndBuffersAtConstruction) {
     auto ddp = make_ddp(model, g);
     EXPECT_TRUE(model->weight.eq(1.0).all().item<bool>()) << "rank " << g.rank() << ": " << model->weight;
     EXPECT_TRUE(model->running_mean.eq(5.0).all().item<bool>()) << "rank " << g.rank() << ": " << model->running_mean;
+  });
+}
+
+// broadcast_tensors packs at most 16 MiB per broadcast: tensors of every kind around that size
+// (small ones packed together, a 12 MiB one that starts a new bucket, a 20 MiB one alone, a
+// non-contiguous 24 MiB one, another dtype) all arrive whole, in place, from the source rank.
+TEST(DDP, BroadcastTensorsArriveWholeAcrossItsBuckets) {
+  run_ranks(2, [](ProcessGroup& g) {
+    const auto values = [](int rank, int64_t n, at::ScalarType dtype) {
+      return torch::arange(n, torch::TensorOptions().dtype(dtype)) + 1000.0 * (rank + 1);
+    };
+    std::vector<at::Tensor> tensors{values(g.rank(), 3, at::kFloat), values(g.rank(), 3 << 20, at::kFloat),
+                                    values(g.rank(), 3 << 20, at::kFloat), values(g.rank(), 5 << 20, at::kFloat),
+                                    values(g.rank(), 6 << 20, at::kFloat).view({3 << 10, 2 << 10}).t(),
+                                    values(g.rank(), 7, at::kDouble), values(g.rank(), 5, at::kFloat)};
+    std::vector<at::Tensor> expected;
+    for (const auto& t : tensors) expected.push_back(values(1, t.numel(), t.scalar_type()).view(t.sizes()));
+    expected[4] = values(1, 6 << 20, at::kFloat).view({3 << 10, 2 << 10}).t();
+    broadcast_tensors(g, tensors, "test tensors", /*src=*/1);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      EXPECT_TRUE(tensors[i].equal(expected[i])) << "tensor " << i << ", rank " << g.rank();
+    }
   });
 }
 

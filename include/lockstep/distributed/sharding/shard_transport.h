@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -14,6 +15,21 @@
 
 namespace lockstep {
 namespace distributed {
+
+/// A flat buffer given as the tensors it is made of, so that a reduce-scatter of gradients needs
+/// no flat copy of them: `tensors[i]` (contiguous) holds the flat's elements from `offsets[i]`
+/// on. Offsets ascend, the tensors do not overlap, and elements that no tensor holds are zero.
+/// A tensor converts to the flat of one piece, itself.
+struct FlatPieces {
+  FlatPieces(const at::Tensor& flat);  // NOLINT(google-explicit-constructor): a flat is one piece
+  FlatPieces(int64_t numel, std::vector<at::Tensor> tensors, std::vector<int64_t> offsets);
+  /// The flat as one tensor of `options`: the piece itself when it is the whole flat, else a copy.
+  at::Tensor joined(const at::TensorOptions& options) const;
+
+  int64_t numel;
+  std::vector<at::Tensor> tensors;
+  std::vector<int64_t> offsets;
+};
 
 class ShardTransport {
  public:
@@ -24,7 +40,8 @@ class ShardTransport {
   /// in rank order and divided by `divisor`; this rank's part (rank * shard.numel(), ...) is
   /// written to `shard`. Blocks until done; fails with DistributedError after the group's timeout
   /// naming `what` (e.g. "reduce_scatter of unit 3's gradients"), this rank and the ranks missing.
-  virtual void reduce_scatter(const at::Tensor& flat, at::Tensor& shard, double divisor, const std::string& what) = 0;
+  /// Shared memory reads the pieces where they are; c10d joins them into one flat first.
+  virtual void reduce_scatter(const FlatPieces& flat, at::Tensor& shard, double divisor, const std::string& what) = 0;
   /// Every rank's `shard` (the same numel on every rank) into `flat`, in rank order. `shard` may
   /// be this rank's part of `flat` itself. Blocks, and fails as reduce_scatter does.
   virtual void all_gather(const at::Tensor& shard, at::Tensor& flat, const std::string& what) = 0;
@@ -42,6 +59,7 @@ std::shared_ptr<ShardTransport> c10d_shard_transport(ProcessGroup& group);
 /// `max_flat_bytes` (the segment holds that much per rank; larger flats go through in pieces).
 /// `why_not` (may be null) receives why shared memory is not used, "" when it is. In shared
 /// memory, tensors other than contiguous CPU float32, float64 and bfloat16 go through c10d.
+/// (FlatPieces: a flat given as its pieces, e.g. one gradient per parameter.)
 ///
 ///   std::string why_not;
 ///   auto transport = choose_shard_transport(group, layout.padded_numel() * 4, true, &why_not);

@@ -38,7 +38,7 @@ class SharedMemoryShardTransport : public ShardTransport {
   SharedMemoryShardTransport& operator=(const SharedMemoryShardTransport&) = delete;
 
   std::string name() const override { return "shared memory"; }
-  void reduce_scatter(const at::Tensor& flat, at::Tensor& shard, double divisor, const std::string& what) override;
+  void reduce_scatter(const FlatPieces& flat, at::Tensor& shard, double divisor, const std::string& what) override;
   void all_gather(const at::Tensor& shard, at::Tensor& flat, const std::string& what) override;
 
   /// The bytes of one rank's slot: max_flat_bytes rounded up to whole pages.
@@ -54,7 +54,8 @@ class SharedMemoryShardTransport : public ShardTransport {
   SharedMemoryShardTransport(std::unique_ptr<Segment> segment, int rank, int world_size, std::string who,
                              std::shared_ptr<ShardTransport> fallback);
   template <typename T>
-  void reduce_scatter_pieces(const T* flat, T* shard, int64_t shard_numel, T divisor, const std::string& what);
+  void reduce_scatter_pieces(const FlatPieces& flat, T* shard, int64_t shard_numel, T divisor,
+                             const std::string& what);
   template <typename T>
   void all_gather_pieces(const T* shard, T* flat, int64_t shard_numel, const std::string& what);
   // Says which call this rank is in, for check_same_call after the first barrier.

@@ -13,6 +13,7 @@
 
 #include <lockstep/distributed/collectives.h>
 #include <lockstep/distributed/process_group.h>
+#include <lockstep/distributed/sharding/shard_transport.h>
 
 namespace lockstep {
 namespace distributed {
@@ -75,6 +76,10 @@ void all_gather_equal_shards(ProcessGroup& group, const at::Tensor& shard, at::T
 /// world_size * shard.numel() elements; `who` ("rank 1/2") and `call` ("reduce_scatter") and
 /// `what` name the call in the message.
 void check_equal_shards(int world_size, const std::string& who, const at::Tensor& flat, const at::Tensor& shard,
+                        const std::string& call, const std::string& what);
+/// The same for a flat given as pieces: each piece contiguous, of the shard's dtype and device, and
+/// the pieces in ascending order, apart, inside the flat.
+void check_equal_shards(int world_size, const std::string& who, const FlatPieces& flat, const at::Tensor& shard,
                         const std::string& call, const std::string& what);
 
 }  // namespace detail

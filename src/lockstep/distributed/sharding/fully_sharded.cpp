@@ -4,11 +4,17 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <numeric>
 #include <unordered_map>
 #include <unordered_set>
+
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include <c10/core/StorageImpl.h>
 #include <torch/csrc/autograd/engine.h>
@@ -66,6 +72,23 @@ void allocate_storage(const at::Tensor& tensor) {
 // The shared memory slot of each rank: larger units go through it in pieces. A slot the size of
 // the largest unit would put world size x that unit in every rank's resident memory.
 constexpr int64_t kSharedMemorySlotBytes = 16 << 20;
+
+constexpr int kMmapThresholdBytes = 8 << 20;
+
+// glibc raises its mmap threshold (up to 32 MiB) each time it frees a block above it; blocks below
+// the threshold come from the heap and stay resident after they are freed. Sharded training
+// allocates and frees blocks a unit's size every step (gathered parameters, gradients, Adam's
+// temporaries): behind a raised threshold they kept up to 200 MB more resident per rank on the
+// 103.9M MLP (docs/benchmarks.md, section 10). A fixed threshold (which also stops the raising)
+// returns every block of 8 MiB or more to the system when it is freed. A threshold the user set
+// (MALLOC_MMAP_THRESHOLD_, or the glibc.malloc.mmap_threshold tunable) is left as it is.
+void return_large_blocks_when_freed() {
+#ifdef __GLIBC__
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_") || (tunables && std::strstr(tunables, "mmap_threshold"))) return;
+  mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes);
+#endif
+}
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -168,6 +191,11 @@ bool shards_at_rest(ShardingStrategy strategy) {
   return strategy == ShardingStrategy::full_shard || strategy == ShardingStrategy::hybrid_shard;
 }
 
+// Every rank keeps the whole gradients, all-reduced (NO_SHARD, ZeRO-1); otherwise its shard of them.
+bool keeps_whole_gradients(ShardingStrategy strategy) {
+  return strategy == ShardingStrategy::no_shard || strategy == ShardingStrategy::shard_optimizer_state;
+}
+
 void find_child_units(torch::nn::Module& module, const std::string& prefix, UnitPolicy& policy,
                       std::vector<ChildUnit>& found) {
   const auto children = module.named_children();
@@ -238,7 +266,7 @@ struct FullyShardedDataParallelBase::Unit {
   at::Tensor full;     // every rank's shard together: the whole parameters, padded
   at::Tensor shard;    // this rank's part: an alias into `full`, or its own memory with FULL_SHARD
   at::Tensor reduced;  // the gradients this rank keeps: whole (NO_SHARD, ZeRO-1) or its shard
-  at::Tensor flat_grad;  // during backward: this backward's whole gradients, reduced from here
+  at::Tensor flat_grad;  // NO_SHARD, ZeRO-1: this backward's whole gradients, all-reduced from here
   std::vector<at::Tensor> whole;   // parameter i shaped, in `full`
   std::vector<at::Tensor> pieces;  // parameter i's piece, in `shard`
   std::vector<at::Tensor> grads;   // parameter i's kept gradient (whole or piece), in `reduced`
@@ -280,6 +308,7 @@ FullyShardedDataParallelBase::FullyShardedDataParallelBase(std::shared_ptr<torch
                      "HYBRID_SHARD or SHARD_GRAD_OP), but the sharding is " + to_string(options_.sharding_strategy()) +
                      ". Change the sharding, or compute in low precision with autocast (--precision bf16-mixed).");
   }
+  return_large_blocks_when_freed();
   verify_same_parameters(*module_, group_, "FullyShardedDataParallel");
   std::vector<at::Tensor> state;
   for (const auto& p : module_->parameters()) state.push_back(p);
@@ -389,8 +418,7 @@ void FullyShardedDataParallelBase::build_units() {
 
   const int rank = shard_group_->rank();
   const bool sharded = options_.sharding_strategy() != ShardingStrategy::no_shard;
-  const bool whole_grads = options_.sharding_strategy() == ShardingStrategy::no_shard ||
-                           options_.sharding_strategy() == ShardingStrategy::shard_optimizer_state;
+  const bool whole_grads = keeps_whole_gradients(options_.sharding_strategy());
   torch::NoGradGuard no_grad;
   for (size_t u = 0; u < members.size(); ++u) {
     auto unit = std::make_unique<Unit>();
@@ -569,8 +597,10 @@ void FullyShardedDataParallelBase::begin_backward() {
 }
 
 void FullyShardedDataParallelBase::set_aside(Unit& unit, size_t i) {
-  // The kept gradient as the optimizer left it (zeroed in place, set to none, or accumulating);
-  // autograd then adds this backward's gradient in place into the unit's flat buffer.
+  // The kept gradient as the optimizer left it (zeroed in place, set to none, or accumulating).
+  // Then autograd adds this backward's gradient in place into the unit's flat buffer (whole
+  // gradients), or, sharded, keeps it as the parameter's gradient without a copy: the
+  // reduce-scatter reads it there, and no flat buffer the unit's size is needed beside it.
   torch::NoGradGuard no_grad;
   auto& grad = unit.params[i].mutable_grad();
   if (!grad.defined()) {
@@ -582,6 +612,10 @@ void FullyShardedDataParallelBase::set_aside(Unit& unit, size_t i) {
            "; set gradients only through backward.");
     }
     unit.grads[i].copy_(grad.reshape(unit.grads[i].sizes()));
+  }
+  if (!keeps_whole_gradients(options_.sharding_strategy())) {
+    grad = at::Tensor();
+    return;
   }
   if (!unit.flat_grad.defined()) unit.flat_grad = at::zeros({unit.layout.padded_numel()}, unit.shard.options());
   grad = alias(unit.flat_grad, unit.layout.offsets[i], unit.layout.shapes[i]);
@@ -614,27 +648,40 @@ void FullyShardedDataParallelBase::reduce_ready_units() {
 
 void FullyShardedDataParallelBase::reduce(Unit& unit) {
   torch::NoGradGuard no_grad;
+  const bool whole = keeps_whole_gradients(options_.sharding_strategy());
+  std::vector<at::Tensor> pieces;  // sharded: this backward's gradient of each parameter that got one
+  std::vector<int64_t> offsets;
   for (size_t i = 0; i < unit.params.size(); ++i) {
     if (!unit.arrived[i]) set_aside(unit, i);  // no gradient in this backward: zero
-    unit.params[i].mutable_grad() = at::Tensor();  // the whole gradient is in flat_grad
+    auto& grad = unit.params[i].mutable_grad();
+    if (!whole && grad.defined()) {
+      pieces.push_back(grad.contiguous().view(-1));
+      offsets.push_back(unit.layout.offsets[i]);
+    }
+    grad = at::Tensor();  // the whole gradient is in flat_grad, or in `pieces`
   }
   // The parameters are not needed again in this backward: free them before reducing.
   if (shards_at_rest(options_.sharding_strategy())) reshard(unit);
   auto flat = std::move(unit.flat_grad);
   unit.flat_grad = at::Tensor();
-  if (!flat.defined()) flat = at::zeros({unit.layout.padded_numel()}, unit.shard.options());  // no parameters
+  if (whole && !flat.defined()) flat = at::zeros({unit.layout.padded_numel()}, unit.shard.options());  // no parameters
   Unit* u = &unit;
-  comm_->submit([this, u, flat = std::move(flat)]() mutable {
+  comm_->submit([this, u, flat = std::move(flat), pieces = std::move(pieces), offsets = std::move(offsets)]() mutable {
     torch::NoGradGuard no_grad;
     const auto start = std::chrono::steady_clock::now();
     const std::string what = "the gradients of unit '" + u->name + "'";
-    if (options_.reduce_dtype()) flat = flat.to(*options_.reduce_dtype());
-    if (u->reduced.numel() == flat.numel()) {
+    const auto dtype = options_.reduce_dtype().value_or(u->shard.scalar_type());
+    if (flat.defined()) {
+      if (flat.scalar_type() != dtype) flat = flat.to(dtype);
       all_reduce_wide(group_, flat, ReduceOp::mean, "FSDP all_reduce of " + what);
       u->reduced.add_(flat);
     } else {
-      auto part = at::empty({u->layout.shard_numel}, flat.options());
-      transport_->reduce_scatter(flat, part, group_.world_size(), "reduce_scatter of " + what);
+      for (auto& piece : pieces) {
+        if (piece.scalar_type() != dtype) piece = piece.to(dtype);
+      }
+      auto part = at::empty({u->layout.shard_numel}, u->shard.options().dtype(dtype));
+      transport_->reduce_scatter(FlatPieces(u->layout.padded_numel(), std::move(pieces), std::move(offsets)), part,
+                                 group_.world_size(), "reduce_scatter of " + what);
       if (replica_group_) all_reduce_wide(*replica_group_, part, ReduceOp::sum, "FSDP all_reduce across replicas of " + what);
       u->reduced.add_(part);
     }

@@ -24,6 +24,25 @@ bool in_reach(const at::Tensor& t) {
          (dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16);
 }
 
+// Elements from, ..., from + count - 1 of `flat` into `to`: copied from the pieces, zero between them.
+template <typename T>
+void copy_range(const FlatPieces& flat, int64_t from, int64_t count, T* to) {
+  const int64_t end = from + count;
+  int64_t at = from;
+  for (size_t i = 0; i < flat.tensors.size() && at < end; ++i) {
+    const int64_t start = flat.offsets[i];
+    const int64_t stop = start + flat.tensors[i].numel();
+    if (stop <= at) continue;
+    if (start >= end) break;
+    if (start > at) std::fill(to + (at - from), to + (start - from), T(0));
+    at = std::max(at, start);
+    const int64_t n = std::min(stop, end) - at;
+    std::memcpy(to + (at - from), flat.tensors[i].data_ptr<T>() + (at - start), static_cast<size_t>(n) * sizeof(T));
+    at += n;
+  }
+  if (at < end) std::fill(to + (at - from), to + count, T(0));
+}
+
 }  // namespace
 
 // This rank's mapping of its host's segment, and the barrier in the segment's header.
@@ -78,19 +97,18 @@ void SharedMemoryShardTransport::leave() {
 
 int64_t SharedMemoryShardTransport::slot_bytes() const { return segment_->memory->slot_bytes(); }
 
-void SharedMemoryShardTransport::reduce_scatter(const at::Tensor& flat, at::Tensor& shard, double divisor,
+void SharedMemoryShardTransport::reduce_scatter(const FlatPieces& flat, at::Tensor& shard, double divisor,
                                                 const std::string& what) {
   detail::check_equal_shards(world_size_, who_, flat, shard, "reduce_scatter", what);
-  if (!in_reach(flat)) return fallback_->reduce_scatter(flat, shard, divisor, what);
+  if (!in_reach(shard)) return fallback_->reduce_scatter(flat, shard, divisor, what);
   if (!broken_.empty()) fail(what, "an earlier call failed: " + broken_);
-  if (flat.scalar_type() == at::kFloat) {
-    reduce_scatter_pieces<float>(flat.data_ptr<float>(), shard.data_ptr<float>(), shard.numel(),
-                                 static_cast<float>(divisor), what);
-  } else if (flat.scalar_type() == at::kBFloat16) {
-    reduce_scatter_pieces<c10::BFloat16>(flat.data_ptr<c10::BFloat16>(), shard.data_ptr<c10::BFloat16>(),
-                                         shard.numel(), c10::BFloat16(static_cast<float>(divisor)), what);
+  if (shard.scalar_type() == at::kFloat) {
+    reduce_scatter_pieces<float>(flat, shard.data_ptr<float>(), shard.numel(), static_cast<float>(divisor), what);
+  } else if (shard.scalar_type() == at::kBFloat16) {
+    reduce_scatter_pieces<c10::BFloat16>(flat, shard.data_ptr<c10::BFloat16>(), shard.numel(),
+                                         c10::BFloat16(static_cast<float>(divisor)), what);
   } else {
-    reduce_scatter_pieces<double>(flat.data_ptr<double>(), shard.data_ptr<double>(), shard.numel(), divisor, what);
+    reduce_scatter_pieces<double>(flat, shard.data_ptr<double>(), shard.numel(), divisor, what);
   }
 }
 
@@ -109,22 +127,17 @@ void SharedMemoryShardTransport::all_gather(const at::Tensor& shard, at::Tensor&
 }
 
 // Piece by piece: the same `count` elements of every rank's part of the flat at a time, so that a
-// slot holds world_size pieces; a flat that fits goes in one piece, one copy.
+// slot holds world_size pieces; a flat that fits goes in one piece.
 template <typename T>
-void SharedMemoryShardTransport::reduce_scatter_pieces(const T* flat, T* shard, int64_t shard_numel, T divisor,
-                                                       const std::string& what) {
+void SharedMemoryShardTransport::reduce_scatter_pieces(const FlatPieces& flat, T* shard, int64_t shard_numel,
+                                                       T divisor, const std::string& what) {
   const int64_t slot_elements = slot_bytes() / static_cast<int64_t>(sizeof(T));
   const int64_t piece = std::min(shard_numel, slot_elements / world_size_);
   announce(Operation::reduce_scatter, shard_numel, c10::CppTypeToScalarType<T>::value);
   for (int64_t begin = 0; begin < shard_numel; begin += piece) {
     const int64_t count = std::min(piece, shard_numel - begin);
-    const size_t bytes = static_cast<size_t>(count) * sizeof(T);
     T* mine = segment_->slot<T>(rank_);
-    if (count == shard_numel) {
-      std::memcpy(mine, flat, bytes * world_size_);
-    } else {
-      for (int r = 0; r < world_size_; ++r) std::memcpy(mine + r * count, flat + r * shard_numel + begin, bytes);
-    }
+    for (int r = 0; r < world_size_; ++r) copy_range<T>(flat, r * shard_numel + begin, count, mine + r * count);
     barrier(what, "flats written");
     if (begin == 0) check_same_call(what);
     std::vector<const T*> parts;

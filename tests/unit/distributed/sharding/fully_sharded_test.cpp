@@ -6,6 +6,10 @@
 #include <tuple>
 #include <vector>
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -211,6 +215,19 @@ TEST(FullyShardedDataParallel, EachRankHoldsItsShardBetweenSteps) {
     });
   }
 }
+
+#ifdef __GLIBC__
+// Once an engine exists, a freed block of 8 MiB or more goes back to the system, even after a
+// larger block was freed: glibc alone would raise its mmap threshold to that block's size and
+// serve the next 8 MiB blocks from the heap, where they stay resident after they are freed.
+TEST(FullyShardedDataParallel, BlocksOfEightMiBStayMappedAfterALargerBlockIsFreed) {
+  run_ranks(1, [&](ProcessGroup& g) { FullyShardedDataParallel fsdp(mlp(), g, ShardingOptions()); });
+  at::empty({6 << 20}, at::kFloat).fill_(1);  // 24 MiB, mapped, freed
+  const size_t mapped_before = mallinfo2().hblkhd;
+  auto block = at::empty({2 << 20}, at::kFloat);  // 8 MiB
+  EXPECT_GE(mallinfo2().hblkhd, mapped_before + (8u << 20)) << "an 8 MiB block came from the heap";
+}
+#endif
 
 // HYBRID_SHARD on 4 ranks in 2 groups of 2: 50 Adam steps (also with accumulation and clipping)
 // end where one process ends, so the groups' gradients are all-reduced; each rank holds half of

@@ -91,6 +91,36 @@ TEST_P(ShardTransports, ReduceScatterIsTheRankOrderSumOnBothPaths) {
   }, forever());
 }
 
+// A flat given as pieces (gradients of parameters, gaps of padding between and after them)
+// reduces to the bits of the flat they make, zeros in the gaps, on both paths; pieces cross the
+// shards' boundaries and, with 100003 values per rank, the slot's pieces.
+TEST_P(ShardTransports, PiecesReduceAsTheFlatTheyMake) {
+  const int world = GetParam();
+  run_ranks(world, [world](ProcessGroup& g) {
+    const auto transports = both_transports(g);
+    for (int64_t n : kShardSizes) {
+      const int64_t total = world * n;
+      auto flat = values_of(g.rank(), total, at::kFloat);
+      // Pieces [0, total/3) and [total/2, total - 1): zero at total/3 ... total/2 - 1 and at the end.
+      const std::vector<int64_t> offsets{0, total / 2};
+      const std::vector<int64_t> sizes{total / 3, total - 1 - total / 2};
+      std::vector<at::Tensor> pieces;
+      auto expected_flat = torch::zeros({total});
+      for (size_t i = 0; i < offsets.size(); ++i) {
+        pieces.push_back(flat.narrow(0, offsets[i], sizes[i]).clone());
+        expected_flat.narrow(0, offsets[i], sizes[i]).copy_(pieces.back());
+      }
+      for (const auto& transport : {transports.c10d, transports.shared}) {
+        auto from_flat = torch::empty({n});
+        auto from_pieces = torch::empty({n});
+        transport->reduce_scatter(expected_flat, from_flat, world, "the flat");
+        transport->reduce_scatter(FlatPieces(total, pieces, offsets), from_pieces, world, "its pieces");
+        EXPECT_TRUE(from_pieces.equal(from_flat)) << transport->name() << ", rank " << g.rank() << ", n " << n;
+      }
+    }
+  }, forever());
+}
+
 // reduce_scatter then all_gather is the whole sum on every rank; the shard may be this rank's
 // part of the flat it gathers into.
 TEST_P(ShardTransports, AllGatherRoundTrip) {
@@ -237,6 +267,20 @@ TEST(SharedMemoryShardTransport, UnequalShardsAreUsageErrors) {
       const auto message = error_of<UsageError>([&] { transport->reduce_scatter(torch::ones({7}), shard, 1.0, "unit 0"); });
       EXPECT_NE(message.find(": reduce_scatter (unit 0): flat has 7 elements and shard 4, but flat must hold "
                              "world_size (2) equal shards"), std::string::npos) << message;
+    }
+  }, forever());
+}
+
+TEST(SharedMemoryShardTransport, PiecesOutOfOrderAreUsageErrors) {
+  run_ranks(2, [](ProcessGroup& g) {
+    for (const auto& transport : {choose_shard_transport(g, kSlotBytes, true, nullptr), c10d_shard_transport(g)}) {
+      auto shard = torch::empty({4});
+      const FlatPieces overlapping(8, {torch::ones({3}), torch::ones({3})}, {0, 2});
+      const auto message = error_of<UsageError>([&] { transport->reduce_scatter(overlapping, shard, 1.0, "unit 2"); });
+      EXPECT_NE(message.find(": reduce_scatter (unit 2): piece 1 (elements 2 to 5) overlaps the one before it"),
+                std::string::npos) << message;
+      const FlatPieces wrong_dtype(8, {torch::ones({3}, torch::kDouble)}, {0});
+      EXPECT_THROW(transport->reduce_scatter(wrong_dtype, shard, 1.0, "unit 2"), UsageError);
     }
   }, forever());
 }
