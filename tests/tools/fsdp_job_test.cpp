@@ -104,7 +104,7 @@ TEST_P(FsdpTrainer, EachShardingEqualsDdpAfterFiftyAdamSteps) {
 
 INSTANTIATE_TEST_SUITE_P(Jobs, FsdpTrainer,
                          ::testing::Values(std::make_tuple("mlp", 2), std::make_tuple("mlp", 4),
-                                           std::make_tuple("cnn", 2)),
+                                           std::make_tuple("cnn", 2), std::make_tuple("cnn", 4)),
                          [](const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
                            return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks";
                          });

@@ -12,6 +12,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include <sys/mman.h>
+
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
@@ -61,12 +63,23 @@ void free_storage(const at::Tensor& tensor) {
   storage->set_nbytes(0);
 }
 
+// A unit is gathered into fresh memory twice a step: in 2 MiB pages where the kernel gives them
+// on request (transparent huge pages "madvise", Debian's default), its first touch faults 512
+// times less often.
+void ask_for_huge_pages(void* data, size_t bytes) {
+  constexpr uintptr_t kHugePage = 2 << 20;
+  const auto begin = (reinterpret_cast<uintptr_t>(data) + kHugePage - 1) & ~(kHugePage - 1);
+  const auto end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kHugePage - 1);
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+}
+
 void allocate_storage(const at::Tensor& tensor) {
   auto* storage = tensor.storage().unsafeGetStorageImpl();
   const size_t bytes = static_cast<size_t>(tensor.numel()) * tensor.element_size();
   if (storage->nbytes() == bytes) return;
   storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
   storage->set_nbytes(bytes);
+  if (tensor.device().is_cpu()) ask_for_huge_pages(storage->data(), bytes);
 }
 
 // The shared memory slot of each rank: larger units go through it in pieces. A slot the size of

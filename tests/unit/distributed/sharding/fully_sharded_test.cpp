@@ -1,5 +1,7 @@
 #include <lockstep/distributed/sharding/fully_sharded.h>
 
+#include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -214,6 +216,53 @@ TEST(FullyShardedDataParallel, EachRankHoldsItsShardBetweenSteps) {
       }
     });
   }
+}
+
+// Records where its weight lies during its forward: the gathered unit's memory.
+struct WhereImpl : torch::nn::Module {
+  explicit WhereImpl(int64_t width) : linear(register_module("linear", torch::nn::Linear(width, width))) {}
+  at::Tensor forward(at::Tensor x) {
+    gathered_at = reinterpret_cast<uintptr_t>(linear->weight.data_ptr());
+    return linear->forward(x);
+  }
+  torch::nn::Linear linear;
+  uintptr_t gathered_at = 0;
+};
+TORCH_MODULE(Where);
+
+// "THPeligible" of the mapping of /proc/self/smaps that holds `address`, or -1 if none does.
+int huge_pages_eligible(uintptr_t address) {
+  std::ifstream smaps("/proc/self/smaps");
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t begin = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &begin, &end) == 2 && line.find(':') > line.find(' ')) {
+      inside = address >= begin && address < end;
+    } else if (inside && line.rfind("THPeligible:", 0) == 0) {
+      return std::stoi(line.substr(12));
+    }
+  }
+  return -1;
+}
+
+// FULL_SHARD gathers units twice a step into fresh memory, and asks for it in huge pages: a 16 MiB
+// unit lies in a mapping the kernel may back with 2 MiB pages (where THP is not "never").
+TEST(FullyShardedDataParallel, GatheredUnitsMayUseHugePages) {
+  std::ifstream setting("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string thp;
+  std::getline(setting, thp);
+  ASSERT_FALSE(thp.empty()) << "no transparent huge pages in this kernel";
+  const bool never = thp.find("[never]") != std::string::npos;
+  Where unit(2048);  // 4.2M parameters, 16 MiB
+  run_ranks(1, [&](ProcessGroup& g) {
+    FullyShardedDataParallel fsdp(torch::nn::Sequential(unit, torch::nn::Linear(2048, 2)), g,
+                                  ShardingOptions().auto_wrap_min_params(1000000));
+    ASSERT_EQ(fsdp.unit_count(), 2u);
+    fsdp.forward(torch::randn({2, 2048})).sum().backward();
+    fsdp.forward(torch::randn({2, 2048}));
+    // Its middle: the 2 MiB pages lie inside the buffer, away from the ends.
+    EXPECT_EQ(huge_pages_eligible(unit->gathered_at + (8 << 20)), never ? 0 : 1) << thp;
+  });
 }
 
 #ifdef __GLIBC__
