@@ -686,7 +686,13 @@ void FullyShardedDataParallelBase::reduce(Unit& unit) {
     const auto dtype = options_.reduce_dtype().value_or(u->shard.scalar_type());
     if (flat.defined()) {
       if (flat.scalar_type() != dtype) flat = flat.to(dtype);
-      all_reduce_wide(group_, flat, ReduceOp::mean, "FSDP all_reduce of " + what);
+      // All-reduced as a reduce-scatter and an all-gather: summed in rank order, the bits of
+      // DDP's and FULL_SHARD's sums (Gloo's all-reduce sums 3 or more ranks in another order).
+      if (group_.world_size() > 1) {
+        auto part = at::empty({u->layout.shard_numel}, flat.options());
+        transport_->reduce_scatter(flat, part, group_.world_size(), "reduce_scatter of " + what);
+        transport_->all_gather(part, flat, "all_gather of " + what);
+      }
       u->reduced.add_(flat);
     } else {
       for (auto& piece : pieces) {
