@@ -66,7 +66,7 @@ void free_storage(const at::Tensor& tensor) {
 // A unit is gathered into fresh memory twice a step: in 2 MiB pages where the kernel gives them
 // on request (transparent huge pages "madvise", Debian's default), its first touch faults 512
 // times less often.
-void ask_for_huge_pages(void* data, size_t bytes) {
+void ask_for_huge_pages(const void* data, size_t bytes) {
   constexpr uintptr_t kHugePage = 2 << 20;
   const auto begin = (reinterpret_cast<uintptr_t>(data) + kHugePage - 1) & ~(kHugePage - 1);
   const auto end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kHugePage - 1);
