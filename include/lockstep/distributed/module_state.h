@@ -18,9 +18,9 @@ namespace distributed {
 /// differing parameter and the ranks that differ.
 void verify_same_parameters(torch::nn::Module& module, ProcessGroup& group, const std::string& wrapper);
 
-/// A collective: overwrites `tensors` on every rank with rank `src`'s (packed by dtype into
-/// buckets of at most 16 MiB, one broadcast each; a larger tensor goes alone, unpacked); `what`
-/// ("DDP parameters") names the call in errors.
+/// A collective: overwrites `tensors` on every rank with rank `src`'s, packed by dtype into
+/// buckets of about 16 MiB (assign_buckets), one broadcast each; a bucket of one contiguous
+/// tensor goes unpacked. `what` ("DDP parameters") names the call in errors.
 void broadcast_tensors(ProcessGroup& group, const std::vector<at::Tensor>& tensors, const std::string& what,
                        int src = 0);
 

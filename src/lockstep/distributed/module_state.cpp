@@ -1,11 +1,12 @@
 #include <lockstep/distributed/module_state.h>
 
 #include <cstring>
-#include <map>
+#include <numeric>
 #include <sstream>
 
 #include <torch/torch.h>
 
+#include <lockstep/distributed/bucket_assignment.h>
 #include <lockstep/distributed/collectives.h>
 #include <lockstep/core/error.h>
 
@@ -30,7 +31,7 @@ std::vector<std::string> split_lines(const at::Tensor& bytes) {
 
 // The most bytes packed into one broadcast: a whole-model buffer would double the model's memory
 // while it is wrapped.
-constexpr size_t kBroadcastBucketBytes = 16 << 20;
+constexpr int64_t kBroadcastBucketBytes = 16 << 20;
 
 std::string parameter_at(const std::vector<std::string>& lines, size_t k) {
   return k < lines.size() ? "'" + lines[k] + "'" : "no parameter";
@@ -78,32 +79,22 @@ void broadcast_tensors(ProcessGroup& group, const std::vector<at::Tensor>& tenso
   if (tensors.empty() || group.world_size() == 1) return;
   torch::NoGradGuard no_grad;
   const auto options = CollectiveOptions().tag(what + " from rank " + std::to_string(src));
-  std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
-  for (const auto& t : tensors) by_dtype[t.scalar_type()].push_back(t);
-  for (auto& entry : by_dtype) {
-    const auto& same = entry.second;
-    for (size_t first = 0; first < same.size();) {
-      // A contiguous tensor of a bucket's size or more goes as it is; smaller ones are packed.
-      if (same[first].is_contiguous() && same[first].nbytes() >= kBroadcastBucketBytes) {
-        auto whole = same[first++];
-        broadcast_tensor(group, whole, src, options);
-        continue;
-      }
-      size_t last = first;
-      size_t bytes = 0;
-      std::vector<at::Tensor> flat;
-      while (last < same.size() && (last == first || bytes + same[last].nbytes() <= kBroadcastBucketBytes)) {
-        bytes += same[last].nbytes();
-        flat.push_back(same[last++].reshape({-1}));
-      }
-      auto packed = torch::cat(flat);
-      broadcast_tensor(group, packed, src, options);
-      int64_t offset = 0;
-      for (size_t k = first; k < last; ++k) {
-        same[k].copy_(packed.narrow(0, offset, same[k].numel()).view(same[k].sizes()));
-        offset += same[k].numel();
-      }
-      first = last;
+  std::vector<size_t> order(tensors.size());
+  std::iota(order.begin(), order.end(), 0);
+  for (const auto& bucket : assign_buckets(tensors, order, kBroadcastBucketBytes, kBroadcastBucketBytes)) {
+    if (bucket.size() == 1 && tensors[bucket[0]].is_contiguous()) {  // goes as it is
+      auto alone = tensors[bucket[0]];
+      broadcast_tensor(group, alone, src, options);
+      continue;
+    }
+    std::vector<at::Tensor> flat;
+    for (size_t i : bucket) flat.push_back(tensors[i].reshape({-1}));
+    auto packed = torch::cat(flat);
+    broadcast_tensor(group, packed, src, options);
+    int64_t offset = 0;
+    for (size_t i : bucket) {
+      tensors[i].copy_(packed.narrow(0, offset, tensors[i].numel()).view(tensors[i].sizes()));
+      offset += tensors[i].numel();
     }
   }
 }

@@ -208,9 +208,9 @@ TEST(DDP, BroadcastsRankZerosParametersAndBuffersAtConstruction) {
   });
 }
 
-// broadcast_tensors packs at most 16 MiB per broadcast: tensors of every kind around that size
-// (small ones packed together, a 12 MiB one that starts a new bucket, a 20 MiB one alone, a
-// non-contiguous 24 MiB one, another dtype) all arrive whole, in place, from the source rank.
+// broadcast_tensors packs about 16 MiB per broadcast: tensors of every kind around that size
+// (small ones packed together, 12 and 20 MiB ones that close buckets, a non-contiguous 24 MiB
+// one, another dtype) all arrive whole, in place, from the source rank.
 TEST(DDP, BroadcastTensorsArriveWholeAcrossItsBuckets) {
   run_ranks(2, [](ProcessGroup& g) {
     const auto values = [](int rank, int64_t n, at::ScalarType dtype) {

@@ -23,7 +23,9 @@ namespace distributed {
 struct FlatPieces {
   FlatPieces(const at::Tensor& flat);  // NOLINT(google-explicit-constructor): a flat is one piece
   FlatPieces(int64_t numel, std::vector<at::Tensor> tensors, std::vector<int64_t> offsets);
-  /// The flat as one tensor of `options`: the piece itself when it is the whole flat, else a copy.
+  /// One piece that is the whole flat.
+  bool whole() const { return tensors.size() == 1 && offsets[0] == 0 && tensors[0].numel() == numel; }
+  /// The flat as one tensor of `options`: the piece itself when it is whole(), else a copy.
   at::Tensor joined(const at::TensorOptions& options) const;
 
   int64_t numel;

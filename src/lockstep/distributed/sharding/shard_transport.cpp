@@ -101,7 +101,7 @@ FlatPieces::FlatPieces(int64_t numel, std::vector<at::Tensor> tensors, std::vect
 }
 
 at::Tensor FlatPieces::joined(const at::TensorOptions& options) const {
-  if (tensors.size() == 1 && offsets[0] == 0 && tensors[0].numel() == numel) return tensors[0];
+  if (whole()) return tensors[0];
   auto flat = torch::zeros({numel}, options);
   for (size_t i = 0; i < tensors.size(); ++i) flat.narrow(0, offsets[i], tensors[i].numel()).copy_(tensors[i].view(-1));
   return flat;
@@ -111,9 +111,7 @@ namespace detail {
 
 void check_equal_shards(int world_size, const std::string& who, const FlatPieces& flat, const at::Tensor& shard,
                         const std::string& call, const std::string& what) {
-  if (flat.tensors.size() == 1 && flat.offsets[0] == 0 && flat.tensors[0].numel() == flat.numel) {
-    return check_equal_shards(world_size, who, flat.tensors[0], shard, call, what);
-  }
+  if (flat.whole()) return check_equal_shards(world_size, who, flat.tensors[0], shard, call, what);
   std::string problem;
   int64_t end = 0;
   for (size_t i = 0; i < flat.tensors.size() && problem.empty(); ++i) {
