@@ -1,0 +1,49 @@
+#pragma once
+// Test cases forked from a process that has already loaded LibTorch. CTest runs every test case as
+// its own process, and Debian's LibTorch costs each one about 0.6 s of CPU before main() (287
+// shared libraries to bind, then its operator registry; 2026-12-03). Through test_fork_client
+// (fork_client.cpp, the test program's CROSSCOMPILING_EMULATOR), a case is a fork of one server per
+// test program instead: still a process of its own, with the client's arguments, environment,
+// working folder and standard streams, and CTest still sees one test per case.
+//
+// The request on the socket: stdin, stdout and stderr as SCM_RIGHTS beside a header of three
+// uint32 (argc, envc, the bytes that follow), then argc + envc + 1 NUL-terminated strings (argv,
+// environ, the working folder). The answer: the case's wait status, an int.
+
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace lockstep {
+namespace testing {
+
+/// The variable that makes a test program a fork server, listening on the abstract socket it
+/// names; test_fork_client sets it when it starts one.
+inline constexpr const char* kForkServerVariable = "LOCKSTEP_TEST_FORK_SERVER";
+
+struct ForkRequestHeader {
+  uint32_t argc = 0;
+  uint32_t envc = 0;
+  uint32_t bytes = 0;
+};
+
+/// The abstract Unix socket address `name` (no file to clean up); `length` receives its size.
+inline sockaddr_un abstract_address(const char* name, socklen_t* length) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  const size_t n = std::min(std::strlen(name), sizeof(address.sun_path) - 1);
+  std::memcpy(address.sun_path + 1, name, n);
+  *length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+  return address;
+}
+
+/// Serves forks on the abstract socket `name` until nothing has been asked for 30 s. Returns 0
+/// when it ends, also at once when another server already holds the name.
+int serve_forks(const char* name);
+
+}  // namespace testing
+}  // namespace lockstep
