@@ -119,10 +119,12 @@ testing::CommandResult build(const std::vector<Program>& programs, const std::ve
   const std::string torch = LOCKSTEP_PREFIX_PATH;
   // Through the build's compiler cache, paths taken relative to the scratch project: an unchanged
   // program compiles once per cache, not once per run (scripts/compiler-launcher).
-  const char* home = std::getenv("HOME");
-  const auto launcher = run_command({source_dir / "scripts/compiler-launcher", dir.path()},
-                                    {{"PATH", "/usr/bin:/bin"}, {"HOME", home ? home : "/tmp"}}, std::chrono::seconds(30))
-                            .out_lines();
+  std::map<std::string, std::string> cache_env{{"PATH", "/usr/bin:/bin"}, {"HOME", "/tmp"}};
+  for (const char* name : {"HOME", "CCACHE_DIR"}) {
+    if (const char* value = std::getenv(name)) cache_env[name] = value;
+  }
+  const auto launcher =
+      run_command({source_dir / "scripts/compiler-launcher", dir.path()}, cache_env, std::chrono::seconds(30)).out_lines();
   auto result = run_command({"/usr/bin/cmake", "-S", dir.path(), "-B", dir / "build", "-G", "Ninja",
                              "-DCMAKE_PREFIX_PATH=" + prefix + (torch.empty() ? "" : ";" + torch),
                              "-DCMAKE_CXX_COMPILER_LAUNCHER=" + (launcher.empty() ? "" : launcher.front()),
