@@ -66,8 +66,11 @@ void start_server(const char* program, const std::string& name) {
   if (child == 0) {
     ::setsid();
     if (::fork() != 0) std::_Exit(0);
+    // Nothing of the caller's stays open in the server: a pipe that CTest (or CI) reads to its end
+    // must not wait for an idle server.
     const int null = ::open("/dev/null", O_RDWR);
     for (int i = 0; i < 3; ++i) ::dup2(null, i);
+    ::close_range(3, ~0u, 0);
     ::setenv(lockstep::testing::kForkServerVariable, name.c_str(), 1);
     ::execl(program, program, static_cast<char*>(nullptr));
     std::_Exit(127);
