@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -134,14 +133,9 @@ int main(int argc, char** argv) {
   }
   if (connection < 0 || !send_request(connection, argc - 1, program_argv)) run_directly(program_argv);
   int status = 0;
-  for (size_t got = 0; got < sizeof status;) {
-    const ssize_t n = ::read(connection, reinterpret_cast<char*>(&status) + got, sizeof status - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      std::fprintf(stderr, "test_fork_client: the fork server of %s ended before the test case did\n", program_argv[0]);
-      return 1;
-    }
-    got += static_cast<size_t>(n);
+  if (!lockstep::testing::read_all(connection, reinterpret_cast<char*>(&status), sizeof status)) {
+    std::fprintf(stderr, "test_fork_client: the fork server of %s ended before the test case did\n", program_argv[0]);
+    return 1;
   }
   if (WIFSIGNALED(status)) {
     ::signal(WTERMSIG(status), SIG_DFL);

@@ -32,17 +32,6 @@ struct Case {
   int pidfd;
 };
 
-bool read_all(int fd, char* data, size_t size) {
-  while (size > 0) {
-    const ssize_t got = ::read(fd, data, size);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return false;
-    data += got;
-    size -= static_cast<size_t>(got);
-  }
-  return true;
-}
-
 bool receive(int connection, Request& request) {
   ForkRequestHeader header;
   iovec io{&header, sizeof header};
@@ -87,15 +76,15 @@ bool receive(int connection, Request& request) {
   }
   // Never freed: environ and gtest point into them until the last destructor at exit (LibTorch's
   // read the environment).
-  auto& strings = *new Request(std::move(request));
+  auto& kept = *new Request(std::move(request));
   auto& env = *new std::vector<char*>;
-  for (auto& e : strings.env) env.push_back(e.data());
+  for (auto& e : kept.env) env.push_back(e.data());
   env.push_back(nullptr);
   environ = env.data();
   auto& argv = *new std::vector<char*>;
-  for (auto& a : strings.argv) argv.push_back(a.data());
+  for (auto& a : kept.argv) argv.push_back(a.data());
   argv.push_back(nullptr);
-  int argc = static_cast<int>(strings.argv.size());
+  int argc = static_cast<int>(kept.argv.size());
   ::testing::InitGoogleTest(&argc, argv.data());
   std::exit(RUN_ALL_TESTS());
 }

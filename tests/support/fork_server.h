@@ -12,8 +12,10 @@
 
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -39,6 +41,18 @@ inline sockaddr_un abstract_address(const char* name, socklen_t* length) {
   std::memcpy(address.sun_path + 1, name, n);
   *length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
   return address;
+}
+
+/// Reads exactly `size` bytes; false at the end of the stream or on an error.
+inline bool read_all(int fd, char* data, size_t size) {
+  while (size > 0) {
+    const ssize_t got = ::read(fd, data, size);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    data += got;
+    size -= static_cast<size_t>(got);
+  }
+  return true;
 }
 
 /// Serves forks on the abstract socket `name` until nothing has been asked for 30 s. Returns 0
