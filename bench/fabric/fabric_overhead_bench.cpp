@@ -64,7 +64,8 @@ double fabric_side(const Settings& s, double* loss_out) {
   auto [model, optimizer] = fabric.setup(net, std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.05)));
   auto loader = fabric.setup_dataloaders(fashion_mnist(s.batch));
   double loss_value = 0;
-  auto step = [&](int64_t i) {
+  // Structured bindings are captured by name only from C++20 (clang refuses it in C++17).
+  auto step = [&, &model = model, &optimizer = optimizer](int64_t i) {
     Batch batch = loader.batch(i % loader.num_batches());
     auto loss = torch::nn::functional::cross_entropy(model(batch.data), batch.target);
     optimizer.zero_grad();

@@ -128,6 +128,9 @@ testing::CommandResult build(const std::vector<Program>& programs, const std::ve
   auto result = run_command({"/usr/bin/cmake", "-S", dir.path(), "-B", dir / "build", "-G", "Ninja",
                              "-DCMAKE_PREFIX_PATH=" + prefix + (torch.empty() ? "" : ";" + torch),
                              "-DCMAKE_CXX_COMPILER_LAUNCHER=" + (launcher.empty() ? "" : launcher.front()),
+                             // The package's own compiler (scripts/setup: clang++); scripts/test
+                             // builds its package consumer with the system's default (g++).
+                             std::string("-DCMAKE_CXX_COMPILER=") + LOCKSTEP_CXX_COMPILER,
                              // No optimisation: what is checked is that they compile, link and run.
                              "-DCMAKE_BUILD_TYPE=None"},
                             env, std::chrono::seconds(120));

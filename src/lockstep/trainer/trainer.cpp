@@ -208,7 +208,7 @@ void Trainer::attach_sampler(DataLoader& loader, bool shuffle) {
 
 void Trainer::log(const std::string& name, double value, const LogOptions& options) {
   if (sanity_checking_) return;
-  metrics_.log(name, value, options, [this, &name](double v) {
+  metrics_.log(name, value, options, [this](double v) {
     auto t = plan_.strategy->all_reduce(torch::tensor({v}, torch::kFloat64), distributed::ReduceOp::mean);
     return t.item<double>();
   });

@@ -68,7 +68,7 @@ TEST(StateDictTest, LoadCopiesEveryParameterAndBuffer) {
 TEST(StateDictTest, StrictLoadNamesMissingAndUnexpectedKeys) {
   Net source, target;
   auto sd = c10::impl::toGenericDict(state_dict(source));
-  sd.erase("fc1.bias");
+  ASSERT_EQ(sd.erase("fc1.bias"), 1u);
   sd.insert("fc9.weight", torch::zeros({1}));
   const auto before = target.fc1->weight.clone();
   const std::string message = testing::error_of([&] { load_state_dict(target, sd); });
@@ -81,7 +81,7 @@ TEST(StateDictTest, StrictLoadNamesMissingAndUnexpectedKeys) {
 TEST(StateDictTest, NonStrictLoadReportsAndLoadsTheRest) {
   Net source, target;
   auto sd = c10::impl::toGenericDict(state_dict(source));
-  sd.erase("fc1.bias");
+  ASSERT_EQ(sd.erase("fc1.bias"), 1u);
   sd.insert("extra", torch::zeros({1}));
   const auto result = load_state_dict(target, sd, /*strict=*/false);
   EXPECT_EQ(result.missing_keys, std::vector<std::string>{"fc1.bias"});

@@ -48,7 +48,8 @@ TEST(TrainerVariables, ABadValueIsAUsageErrorNamingTheVariable) {
   };
   for (const auto& [vars, expected] : cases) {
     auto options = FabricOptions();
-    const auto message = testing::error_of<UsageError>([&] { apply_trainer_variables(options, environments::Environ(vars)); });
+    const environments::Environ env(vars);
+    const auto message = testing::error_of<UsageError>([&] { apply_trainer_variables(options, env); });
     EXPECT_NE(message.find(expected), std::string::npos) << message;
   }
 }
