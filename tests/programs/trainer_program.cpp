@@ -29,6 +29,7 @@
 #include <lockstep/loggers/csv_logger.h>
 #include <lockstep/trainer/trainer.h>
 
+#include "../support/fork_server.h"
 #include "../support/regression.h"
 
 namespace {
@@ -120,9 +121,8 @@ struct Manual : lockstep::testing::Regressor {
   std::string how;
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The program; main() below runs it, or serves forks of it (TrainerBadInput's runs).
+int run(int argc, char** argv) {
   return lockstep::cli::guarded_main("trainer_program", [&] {
     CLI::App app{"trainer test program", "trainer_program"};
     lockstep::TrainerOptions options;
@@ -187,3 +187,7 @@ int main(int argc, char** argv) {
     return 0;
   });
 }
+
+}  // namespace
+
+int main(int argc, char** argv) { return lockstep::testing::program_main(argc, argv, run); }

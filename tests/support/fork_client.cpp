@@ -2,6 +2,8 @@
 // server (fork_server.h), starting the server when none answers, and ends as the case ended (its
 // exit code, or the signal that killed it). Without a --gtest_filter (CTest's discovery, a whole
 // program) or where no server can be reached, it runs PROGRAM itself.
+// test_fork_client --program PROGRAM ARGS...: the same for a program of tests/programs (whose
+// main() is program_main), whatever its arguments.
 // One server per program file and environment: a rebuilt program or another environment gets a
 // server of its own, and a server left idle for 30 s ends.
 #include <fcntl.h>
@@ -115,8 +117,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: test_fork_client PROGRAM [ARGS...]\n");
     return 2;
   }
-  char** program_argv = argv + 1;
-  const bool one_case = std::any_of(program_argv, argv + argc, [](const char* a) {
+  const bool program = std::strcmp(argv[1], "--program") == 0 && argc > 2;
+  char** program_argv = argv + (program ? 2 : 1);
+  const bool one_case = program || std::any_of(program_argv, argv + argc, [](const char* a) {
     return std::strncmp(a, "--gtest_filter=", 15) == 0;
   });
   const std::string name = one_case ? server_name(program_argv[0]) : "";
@@ -131,7 +134,8 @@ int main(int argc, char** argv) {
       connection = connect_to(name);
     }
   }
-  if (connection < 0 || !send_request(connection, argc - 1, program_argv)) run_directly(program_argv);
+  const int program_argc = static_cast<int>(argv + argc - program_argv);
+  if (connection < 0 || !send_request(connection, program_argc, program_argv)) run_directly(program_argv);
   int status = 0;
   if (!lockstep::testing::read_all(connection, reinterpret_cast<char*>(&status), sizeof status)) {
     std::fprintf(stderr, "test_fork_client: the fork server of %s ended before the test case did\n", program_argv[0]);

@@ -1,6 +1,5 @@
 #include "fork_server.h"
 
-#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/syscall.h>
@@ -67,14 +66,14 @@ bool receive(int connection, Request& request) {
 
 // The forked case: the client's streams, folder, environment and arguments, in a process group of
 // its own (the server ends the group when the client goes away: CTest's timeout).
-[[noreturn]] void run_case(Request& request) {
+[[noreturn]] void run_case(Request& request, ProgramBody body) {
   ::setpgid(0, 0);
   for (int i = 0; i < 3; ++i) ::dup2(request.streams[i], i);
   if (::chdir(request.folder.c_str()) != 0) {
     std::perror(("test fork server: chdir " + request.folder).c_str());
     std::_Exit(127);
   }
-  // Never freed: environ and gtest point into them until the last destructor at exit (LibTorch's
+  // Never freed: environ and the body (gtest) point into them until the last destructor at exit (LibTorch's
   // read the environment).
   auto& kept = *new Request(std::move(request));
   auto& env = *new std::vector<char*>;
@@ -84,9 +83,7 @@ bool receive(int connection, Request& request) {
   auto& argv = *new std::vector<char*>;
   for (auto& a : kept.argv) argv.push_back(a.data());
   argv.push_back(nullptr);
-  int argc = static_cast<int>(kept.argv.size());
-  ::testing::InitGoogleTest(&argc, argv.data());
-  std::exit(RUN_ALL_TESTS());
+  std::exit(body(static_cast<int>(kept.argv.size()), argv.data()));
 }
 
 void end_case(const Case& c) {
@@ -96,7 +93,7 @@ void end_case(const Case& c) {
 
 }  // namespace
 
-int serve_forks(const char* name) {
+int serve_forks(const char* name, ProgramBody body) {
   const int listener = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   socklen_t length = 0;
   const sockaddr_un address = abstract_address(name, &length);
@@ -146,7 +143,7 @@ int serve_forks(const char* name) {
       ::close(listener);
       for (const auto& c : cases) end_case(c);
       ::close(connection);
-      run_case(request);
+      run_case(request, body);
     }
     for (int fd : request.streams) ::close(fd);
     const int pidfd = pid > 0 ? static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)) : -1;

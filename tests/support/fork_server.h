@@ -1,5 +1,6 @@
 #pragma once
-// Test cases forked from a process that has already loaded LibTorch. CTest runs every test case as
+// Test cases (and runs of the programs of tests/programs) forked from a process that has already
+// loaded LibTorch. CTest runs every test case as
 // its own process, and Debian's LibTorch costs each one about 0.6 s of CPU before main() (287
 // shared libraries to bind, then its operator registry; 2026-12-03). Through test_fork_client
 // (fork_client.cpp, the test program's CROSSCOMPILING_EMULATOR), a case is a fork of one server per
@@ -18,6 +19,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 namespace lockstep {
@@ -55,9 +57,22 @@ inline bool read_all(int fd, char* data, size_t size) {
   return true;
 }
 
-/// Serves forks on the abstract socket `name` until nothing has been asked for 30 s. Returns 0
-/// when it ends, also at once when another server already holds the name.
-int serve_forks(const char* name);
+/// A program's body: what main() would do with these arguments; its result is the exit code.
+using ProgramBody = int (*)(int argc, char** argv);
+
+/// Serves forks on the abstract socket `name` until nothing has been asked for 30 s; each fork
+/// runs `body` with the client's arguments and exits with its result. Returns 0 when it ends, also
+/// at once when another server already holds the name.
+int serve_forks(const char* name, ProgramBody body);
+
+/// main() of a program of tests/programs: `body` as it is, or a fork server when test_fork_client
+/// started this process as one (`test_fork_client --program PROGRAM ARGS...`). A forked run must
+/// not start ranks: the library takes the command line it relaunches from /proc/self/cmdline when
+/// it loads, and a fork's is the server's.
+inline int program_main(int argc, char** argv, ProgramBody body) {
+  if (const char* name = std::getenv(kForkServerVariable)) return serve_forks(name, body);
+  return body(argc, argv);
+}
 
 }  // namespace testing
 }  // namespace lockstep

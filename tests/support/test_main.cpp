@@ -2,14 +2,15 @@
 // this process as one (fork_server.h).
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-
 #include "fork_server.h"
 
-int main(int argc, char** argv) {
-  if (const char* name = std::getenv(lockstep::testing::kForkServerVariable)) {
-    return lockstep::testing::serve_forks(name);
-  }
+namespace {
+
+int run_tests(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }
+
+}  // namespace
+
+int main(int argc, char** argv) { return lockstep::testing::program_main(argc, argv, run_tests); }
