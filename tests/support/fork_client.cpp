@@ -114,7 +114,7 @@ bool send_request(int connection, int argc, char** argv) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: test_fork_client PROGRAM [ARGS...]\n");
+    std::fprintf(stderr, "usage: test_fork_client [--program] PROGRAM [ARGS...]\n");
     return 2;
   }
   const bool program = std::strcmp(argv[1], "--program") == 0 && argc > 2;

@@ -73,8 +73,8 @@ bool receive(int connection, Request& request) {
     std::perror(("test fork server: chdir " + request.folder).c_str());
     std::_Exit(127);
   }
-  // Never freed: environ and the body (gtest) point into them until the last destructor at exit (LibTorch's
-  // read the environment).
+  // Never freed: environ and the body (gtest) point into them until the last destructor at exit
+  // (LibTorch's read the environment).
   auto& kept = *new Request(std::move(request));
   auto& env = *new std::vector<char*>;
   for (auto& e : kept.env) env.push_back(e.data());
