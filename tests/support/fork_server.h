@@ -1,11 +1,11 @@
 #pragma once
 // Test cases (and runs of the programs of tests/programs) forked from a process that has already
-// loaded LibTorch. CTest runs every test case as
-// its own process, and Debian's LibTorch costs each one about 0.6 s of CPU before main() (287
-// shared libraries to bind, then its operator registry; 2026-12-03). Through test_fork_client
-// (fork_client.cpp, the test program's CROSSCOMPILING_EMULATOR), a case is a fork of one server per
-// test program instead: still a process of its own, with the client's arguments, environment,
-// working folder and standard streams, and CTest still sees one test per case.
+// loaded LibTorch. CTest runs every test case as its own process, and Debian's LibTorch costs each
+// one about 0.6 s of CPU before main() (287 shared libraries to bind, then its operator registry;
+// 2026-12-03). Through test_fork_client (fork_client.cpp, the test program's
+// CROSSCOMPILING_EMULATOR), a case is a fork of one server per test program instead: still a
+// process of its own, with the client's arguments, environment, working folder and standard
+// streams, and CTest still sees one test per case.
 //
 // The request on the socket: stdin, stdout and stderr as SCM_RIGHTS beside a header of three
 // uint32 (argc, envc, the bytes that follow), then argc + envc + 1 NUL-terminated strings (argv,
