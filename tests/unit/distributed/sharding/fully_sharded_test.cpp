@@ -1,6 +1,8 @@
 #include <lockstep/distributed/sharding/fully_sharded.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -275,6 +277,19 @@ TEST(FullyShardedDataParallel, BlocksOfEightMiBStayMappedAfterALargerBlockIsFree
   const size_t mapped_before = mallinfo2().hblkhd;
   auto block = at::empty({2 << 20}, at::kFloat);  // 8 MiB
   EXPECT_GE(mallinfo2().hblkhd, mapped_before + (8u << 20)) << "an 8 MiB block came from the heap";
+}
+
+// ... while the heap keeps its free top (up to 16 MiB, as glibc does behind an 8 MiB threshold):
+// with a fixed mmap threshold alone glibc would trim it at 128 KiB, and every step would fault
+// the top of the heap in again.
+TEST(FullyShardedDataParallel, TheHeapKeepsAFreedBlockBelowEightMiB) {
+  run_ranks(1, [&](ProcessGroup& g) { FullyShardedDataParallel fsdp(mlp(), g, ShardingOptions()); });
+  void* block = std::malloc(6 << 20);  // from the top of the heap
+  ASSERT_NE(block, nullptr);
+  std::memset(block, 1, 6 << 20);
+  const size_t held = mallinfo2().arena;
+  std::free(block);
+  EXPECT_EQ(mallinfo2().arena, held) << "the heap's free top went back to the system";
 }
 #endif
 
