@@ -284,9 +284,9 @@ TEST(FullyShardedDataParallel, BlocksOfEightMiBStayMappedAfterALargerBlockIsFree
 // the top of the heap in again.
 TEST(FullyShardedDataParallel, TheHeapKeepsAFreedBlockBelowEightMiB) {
   run_ranks(1, [&](ProcessGroup& g) { FullyShardedDataParallel fsdp(mlp(), g, ShardingOptions()); });
-  void* block = std::malloc(6 << 20);  // from the top of the heap
+  void* block = std::malloc(2 << 20);  // from the top of the heap
   ASSERT_NE(block, nullptr);
-  std::memset(block, 1, 6 << 20);
+  std::memset(block, 1, 2 << 20);
   const size_t held = mallinfo2().arena;
   std::free(block);
   EXPECT_EQ(mallinfo2().arena, held) << "the heap's free top went back to the system";
