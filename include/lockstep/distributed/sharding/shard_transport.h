@@ -44,6 +44,10 @@ class ShardTransport {
   /// naming `what` (e.g. "reduce_scatter of unit 3's gradients"), this rank and the ranks missing.
   /// Shared memory reads the pieces where they are; c10d joins them into one flat first.
   virtual void reduce_scatter(const FlatPieces& flat, at::Tensor& shard, double divisor, const std::string& what) = 0;
+  /// reduce_scatter whose result is added to `shard` (a gradient shard that accumulates), with
+  /// the bits of reduce_scatter into a new tensor and `shard.add_()` of it. This one does just
+  /// that; shared memory adds each block as it sums it, without the tensor.
+  virtual void reduce_scatter_add(const FlatPieces& flat, at::Tensor& shard, double divisor, const std::string& what);
   /// Every rank's `shard` (the same numel on every rank) into `flat`, in rank order. `shard` may
   /// be this rank's part of `flat` itself. Blocks, and fails as reduce_scatter does.
   virtual void all_gather(const at::Tensor& shard, at::Tensor& flat, const std::string& what) = 0;

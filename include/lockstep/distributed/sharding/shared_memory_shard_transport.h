@@ -39,6 +39,7 @@ class SharedMemoryShardTransport : public ShardTransport {
 
   std::string name() const override { return "shared memory"; }
   void reduce_scatter(const FlatPieces& flat, at::Tensor& shard, double divisor, const std::string& what) override;
+  void reduce_scatter_add(const FlatPieces& flat, at::Tensor& shard, double divisor, const std::string& what) override;
   void all_gather(const at::Tensor& shard, at::Tensor& flat, const std::string& what) override;
 
   /// The bytes of one rank's slot: max_flat_bytes rounded up to whole pages.
@@ -55,7 +56,10 @@ class SharedMemoryShardTransport : public ShardTransport {
                              std::shared_ptr<ShardTransport> fallback);
   template <typename T>
   void reduce_scatter_pieces(const FlatPieces& flat, T* shard, int64_t shard_numel, T divisor,
-                             const std::string& what);
+                             const std::string& what, bool add);
+  /// reduce_scatter (`add`: reduce_scatter_add) for the tensors shared memory sums itself.
+  void reduce_scatter_typed(const FlatPieces& flat, at::Tensor& shard, double divisor, const std::string& what,
+                            bool add);
   template <typename T>
   void all_gather_pieces(const T* shard, T* flat, int64_t shard_numel, const std::string& what);
   // Says which call this rank is in, for check_same_call after the first barrier.

@@ -20,13 +20,15 @@ namespace distributed {
 namespace detail {
 
 /// out[i] = ((parts[0][i] + parts[1][i]) + ...) / divisor for i < n, in blocks that stay in
-/// the cache; `out` may be none of the parts.
+/// the cache; `out` may be none of the parts. `add`: out[i] += that instead, in the same steps as
+/// a sum into a new tensor that is then added.
 template <typename T>
-void sum_in_rank_order(const std::vector<const T*>& parts, T* out, int64_t n, T divisor) {
+void sum_in_rank_order(const std::vector<const T*>& parts, T* out, int64_t n, T divisor, bool add = false) {
   constexpr int64_t kBlock = 2048;
+  alignas(64) T sum[kBlock];
   for (int64_t start = 0; start < n; start += kBlock) {
     const int64_t count = std::min(kBlock, n - start);
-    T* block = out + start;
+    T* block = add ? sum : out + start;
     const T* first = parts[0] + start;
     for (int64_t i = 0; i < count; ++i) block[i] = first[i];
     for (size_t r = 1; r < parts.size(); ++r) {
@@ -36,13 +38,17 @@ void sum_in_rank_order(const std::vector<const T*>& parts, T* out, int64_t n, T 
     if (divisor != T(1)) {
       for (int64_t i = 0; i < count; ++i) block[i] /= divisor;
     }
+    if (add) {
+      for (int64_t i = 0; i < count; ++i) out[start + i] += block[i];
+    }
   }
 }
 
-/// bfloat16: summed and divided in float32, rounded once (the bits of sum_rows_in_rank_order).
+/// bfloat16: summed and divided in float32, rounded once (the bits of sum_rows_in_rank_order);
+/// `add` adds that rounded value to out[i] in float32 and rounds again, as a bfloat16 add_ does.
 template <>
 inline void sum_in_rank_order<c10::BFloat16>(const std::vector<const c10::BFloat16*>& parts, c10::BFloat16* out,
-                                             int64_t n, c10::BFloat16 divisor) {
+                                             int64_t n, c10::BFloat16 divisor, bool add) {
   constexpr int64_t kBlock = 2048;
   float block[kBlock];
   const float by = static_cast<float>(divisor);
@@ -55,7 +61,10 @@ inline void sum_in_rank_order<c10::BFloat16>(const std::vector<const c10::BFloat
     if (by != 1.0f) {
       for (int64_t i = 0; i < count; ++i) block[i] /= by;
     }
-    for (int64_t i = 0; i < count; ++i) out[start + i] = c10::BFloat16(block[i]);
+    for (int64_t i = 0; i < count; ++i) {
+      const c10::BFloat16 rounded(block[i]);
+      out[start + i] = add ? c10::BFloat16(static_cast<float>(out[start + i]) + static_cast<float>(rounded)) : rounded;
+    }
   }
 }
 

@@ -706,11 +706,19 @@ void FullyShardedDataParallelBase::reduce(Unit& unit) {
       for (auto& piece : pieces) {
         if (piece.scalar_type() != dtype) piece = piece.to(dtype);
       }
-      auto part = at::empty({u->layout.shard_numel}, u->shard.options().dtype(dtype));
-      transport_->reduce_scatter(FlatPieces(u->layout.padded_numel(), std::move(pieces), std::move(offsets)), part,
-                                 group_.world_size(), "reduce_scatter of " + what);
-      if (replica_group_) all_reduce_wide(*replica_group_, part, ReduceOp::sum, "FSDP all_reduce across replicas of " + what);
-      u->reduced.add_(part);
+      FlatPieces flat_pieces(u->layout.padded_numel(), std::move(pieces), std::move(offsets));
+      if (!replica_group_ && u->reduced.scalar_type() == dtype) {
+        // Summed straight into the kept shard: no shard-sized tensor to allocate and add.
+        transport_->reduce_scatter_add(flat_pieces, u->reduced, group_.world_size(), "reduce_scatter of " + what);
+      } else {
+        auto part = at::empty({u->layout.shard_numel}, u->shard.options().dtype(dtype));
+        transport_->reduce_scatter(flat_pieces, part, group_.world_size(), "reduce_scatter of " + what);
+        flat_pieces.tensors.clear();  // autograd's gradients: not needed across replicas
+        if (replica_group_) {
+          all_reduce_wide(*replica_group_, part, ReduceOp::sum, "FSDP all_reduce across replicas of " + what);
+        }
+        u->reduced.add_(part);
+      }
     }
     flat = at::Tensor();
     std::lock_guard<std::mutex> lock(times_mutex_);

@@ -203,6 +203,13 @@ void all_gather_equal_shards(ProcessGroup& group, const at::Tensor& shard, at::T
 
 }  // namespace detail
 
+void ShardTransport::reduce_scatter_add(const FlatPieces& flat, at::Tensor& shard, double divisor,
+                                        const std::string& what) {
+  auto part = at::empty_like(shard);
+  reduce_scatter(flat, part, divisor, what);
+  shard.add_(part);
+}
+
 std::shared_ptr<ShardTransport> c10d_shard_transport(ProcessGroup& group) {
   return std::make_shared<C10dShardTransport>(group);
 }

@@ -101,14 +101,27 @@ void SharedMemoryShardTransport::reduce_scatter(const FlatPieces& flat, at::Tens
                                                 const std::string& what) {
   detail::check_equal_shards(world_size_, who_, flat, shard, "reduce_scatter", what);
   if (!in_reach(shard)) return fallback_->reduce_scatter(flat, shard, divisor, what);
+  reduce_scatter_typed(flat, shard, divisor, what, false);
+}
+
+void SharedMemoryShardTransport::reduce_scatter_add(const FlatPieces& flat, at::Tensor& shard, double divisor,
+                                                    const std::string& what) {
+  detail::check_equal_shards(world_size_, who_, flat, shard, "reduce_scatter", what);
+  if (!in_reach(shard)) return fallback_->reduce_scatter_add(flat, shard, divisor, what);
+  reduce_scatter_typed(flat, shard, divisor, what, true);
+}
+
+void SharedMemoryShardTransport::reduce_scatter_typed(const FlatPieces& flat, at::Tensor& shard, double divisor,
+                                                      const std::string& what, bool add) {
   if (!broken_.empty()) fail(what, "an earlier call failed: " + broken_);
   if (shard.scalar_type() == at::kFloat) {
-    reduce_scatter_pieces<float>(flat, shard.data_ptr<float>(), shard.numel(), static_cast<float>(divisor), what);
+    reduce_scatter_pieces<float>(flat, shard.data_ptr<float>(), shard.numel(), static_cast<float>(divisor), what,
+                                 add);
   } else if (shard.scalar_type() == at::kBFloat16) {
     reduce_scatter_pieces<c10::BFloat16>(flat, shard.data_ptr<c10::BFloat16>(), shard.numel(),
-                                         c10::BFloat16(static_cast<float>(divisor)), what);
+                                         c10::BFloat16(static_cast<float>(divisor)), what, add);
   } else {
-    reduce_scatter_pieces<double>(flat, shard.data_ptr<double>(), shard.numel(), divisor, what);
+    reduce_scatter_pieces<double>(flat, shard.data_ptr<double>(), shard.numel(), divisor, what, add);
   }
 }
 
@@ -130,7 +143,7 @@ void SharedMemoryShardTransport::all_gather(const at::Tensor& shard, at::Tensor&
 // slot holds world_size pieces; a flat that fits goes in one piece.
 template <typename T>
 void SharedMemoryShardTransport::reduce_scatter_pieces(const FlatPieces& flat, T* shard, int64_t shard_numel,
-                                                       T divisor, const std::string& what) {
+                                                       T divisor, const std::string& what, bool add) {
   const int64_t slot_elements = slot_bytes() / static_cast<int64_t>(sizeof(T));
   const int64_t piece = std::min(shard_numel, slot_elements / world_size_);
   announce(Operation::reduce_scatter, shard_numel, c10::CppTypeToScalarType<T>::value);
@@ -142,7 +155,7 @@ void SharedMemoryShardTransport::reduce_scatter_pieces(const FlatPieces& flat, T
     if (begin == 0) check_same_call(what);
     std::vector<const T*> parts;
     for (int r = 0; r < world_size_; ++r) parts.push_back(segment_->slot<T>(r) + rank_ * count);
-    detail::sum_in_rank_order<T>(parts, shard + begin, count, divisor);
+    detail::sum_in_rank_order<T>(parts, shard + begin, count, divisor, add);
     // No rank writes its slot again before every rank has read its part of it.
     barrier(what, "shards summed");
   }

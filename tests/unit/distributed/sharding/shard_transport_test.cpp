@@ -121,6 +121,37 @@ TEST_P(ShardTransports, PiecesReduceAsTheFlatTheyMake) {
   }, forever());
 }
 
+// reduce_scatter_add (a gradient shard that accumulates) gives the bits of reduce_scatter into
+// a new tensor added with add_(), on both paths: float, double and bfloat16, a flat and pieces,
+// shards that fit a slot and ones that go in pieces.
+TEST_P(ShardTransports, ReduceScatterAddIsReduceScatterThenAdd) {
+  const int world = GetParam();
+  run_ranks(world, [world](ProcessGroup& g) {
+    const auto transports = both_transports(g);
+    for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16}) {
+      for (int64_t n : kShardSizes) {
+        const int64_t total = world * n;
+        const auto flat = values_of(g.rank(), total, at::kFloat).to(dtype);
+        const std::vector<int64_t> offsets{0, total / 2};
+        const std::vector<at::Tensor> pieces{flat.narrow(0, 0, total / 3).clone(),
+                                             flat.narrow(0, total / 2, total - 1 - total / 2).clone()};
+        const auto earlier = values_of(100 + g.rank(), n, at::kFloat).to(dtype);
+        for (const auto& transport : {transports.c10d, transports.shared}) {
+          for (const auto& given : {FlatPieces(flat), FlatPieces(total, pieces, offsets)}) {
+            auto part = torch::empty({n}, flat.options());
+            transport->reduce_scatter(given, part, world, "reduce_scatter test");
+            const auto expected = earlier.clone().add_(part);
+            auto kept = earlier.clone();
+            transport->reduce_scatter_add(given, kept, world, "reduce_scatter_add test");
+            EXPECT_TRUE(kept.equal(expected)) << transport->name() << ", rank " << g.rank() << ", " << dtype
+                                              << ", n " << n << ", " << given.tensors.size() << " piece(s)";
+          }
+        }
+      }
+    }
+  }, forever());
+}
+
 // reduce_scatter then all_gather is the whole sum on every rank; the shard may be this rank's
 // part of the flat it gathers into.
 TEST_P(ShardTransports, AllGatherRoundTrip) {
