@@ -606,5 +606,21 @@ TEST(Architecture, EveryTrainerOptionTakesItsVariable) {
   EXPECT_GE(fields, 33);
 }
 
+// `#include <lockstep/lockstep.h>` brings in every public name: it names every header of
+// include/lockstep (the user guide's snippets, DocsCompile, include it alone).
+TEST(Architecture, LockstepHIncludesEveryPublicHeader) {
+  const fs::path include = fs::path(LOCKSTEP_SOURCE_DIR) / "include";
+  std::ifstream in(include / "lockstep" / "lockstep.h");
+  const std::string umbrella((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  int headers = 0;
+  for (const auto& entry : fs::recursive_directory_iterator(include / "lockstep")) {
+    const auto name = fs::relative(entry.path(), include).generic_string();
+    if (entry.path().extension() != ".h" || name == "lockstep/lockstep.h") continue;
+    ++headers;
+    EXPECT_NE(umbrella.find("#include <" + name + ">"), std::string::npos) << "lockstep.h does not include " << name;
+  }
+  EXPECT_GE(headers, 100);
+}
+
 }  // namespace
 }  // namespace lockstep

@@ -16,6 +16,7 @@
 #include <lockstep/distributed/output_tensors.h>
 #include <lockstep/distributed/process_group.h>
 #include <lockstep/distributed/reducer.h>
+#include <lockstep/distributed/wrapped_parameters.h>
 
 namespace lockstep {
 namespace distributed {
@@ -57,7 +58,8 @@ class DistributedDataParallelBase : public Joinable {
   /// Before the module's forward: fails if the last backward did not finish its reduction; with
   /// grad mode on, rebuilds buckets once after the first step; in training forwards (grad mode
   /// on, module training) broadcasts rank 0's buffers (broadcast_buffers), as PyTorch does, so
-  /// that evaluating on one rank alone under NoGradGuard runs no collective.
+  /// that evaluating on one rank alone under NoGradGuard runs no collective. Refuses (UsageError)
+  /// a parameter registered on the module after it was wrapped, naming it.
   void prepare_forward();
   /// After the module's forward, with its outputs: arms the reduction of the next backward when
   /// grad mode is on (unless under no_sync(), which keeps it local), as PyTorch's forward does, so
@@ -120,6 +122,7 @@ class DistributedDataParallelBase : public Joinable {
   ProcessGroup& group_;
   DDPOptions options_;
   std::vector<at::Tensor> all_params_;
+  WrappedParameters wrapped_;  // refuses parameters registered after wrapping
   std::vector<at::Tensor> buffers_;
   std::string why_not_shared_memory_;
   std::unique_ptr<Reducer> reducer_;

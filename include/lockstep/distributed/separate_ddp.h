@@ -18,6 +18,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <lockstep/distributed/ddp.h>
+#include <lockstep/distributed/wrapped_parameters.h>
 #include <lockstep/core/error.h>
 
 namespace lockstep {
@@ -133,7 +134,8 @@ class SeparateDDP {
   ///   sep.prepare_forward();                  // once per step, before the forwards
   ///   auto d_loss = ...; sep.arm_for_backward(d_loss); d_loss.backward();
   ///   auto g_loss = ...; sep.arm_for_backward(g_loss); g_loss.backward();
-  /// prepare_forward() readies every wrapped child (buckets rebuilt once; buffers broadcast
+  /// prepare_forward() refuses a parameter registered on the module after wrapping (a new child's
+  /// too: UsageError naming it) and readies every wrapped child (buckets rebuilt once; buffers broadcast
   /// with broadcast_buffers(true)); arm_for_backward(loss) arms the DistributedDataParallel of
   /// each child whose parameters `loss` depends on, and only those, so that its backward reduces
   /// exactly their gradients.
@@ -174,6 +176,7 @@ class SeparateDDP {
   std::vector<std::string> names_;
   std::map<std::string, std::shared_ptr<torch::nn::Module>> children_;
   std::map<std::string, std::unique_ptr<DistributedDataParallelBase>> ddps_;
+  WrappedParameters wrapped_;  // refuses parameters registered after wrapping (a new child's too)
 };
 
 }  // namespace distributed

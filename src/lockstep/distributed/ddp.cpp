@@ -49,6 +49,7 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   broadcast_tensors(group_, all_params, "DDP parameters");
   broadcast_tensors(group_, buffers_, "DDP buffers");
   all_params_ = std::move(all_params);
+  wrapped_ = WrappedParameters(*module_, "DistributedDataParallel");
   for (const auto& m : module_->modules(/*include_self=*/true)) {
     auto* sync = dynamic_cast<SyncBatchNormImpl*>(m.get());
     has_converted_batchnorm_ = has_converted_batchnorm_ || (sync && sync->replaced_counter.defined());
@@ -61,6 +62,7 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
 DistributedDataParallelBase::~DistributedDataParallelBase() = default;
 
 void DistributedDataParallelBase::prepare_forward() {
+  wrapped_.check(*module_);
   // Under a Join the collectives below are matched by join_main_hook on the joined ranks, in
   // this order: handshake, bucket rebuild, buffers, gradient-sync flag; then the backward's.
   const auto join = notify_join_context();

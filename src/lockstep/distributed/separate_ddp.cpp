@@ -76,6 +76,7 @@ SeparateDDP::SeparateDDP(std::shared_ptr<torch::nn::Module> module, ProcessGroup
                                   ", a parameter is still on " + p.device().str() + "; one device per process.");
     }
   }
+  wrapped_ = WrappedParameters(*module_, "SeparateDDP");
 }
 
 const std::shared_ptr<torch::nn::Module>& SeparateDDP::child_module(const std::string& name) const {
@@ -111,6 +112,7 @@ bool SeparateDDP::require_backward_grad_sync() const {
 }
 
 void SeparateDDP::prepare_forward() const {
+  wrapped_.check(*module_);
   for (const auto& name : names_) {
     auto it = ddps_.find(name);
     if (it != ddps_.end()) it->second->prepare_forward();

@@ -195,8 +195,7 @@ c10::impl::GenericDict FSDPStrategy::optimizer_state_dict(const torch::optim::Op
     }
   }
   for (const auto& key : keys) {
-    std::vector<torch::Tensor> pieces;
-    for (const auto& p : wrapped) pieces.push_back(torch::zeros_like(p));
+    std::vector<torch::Tensor> pieces(wrapped.size());  // undefined: no state for this key (gathered as zeros)
     for (const auto& entry : state) {
       const auto values = entry.value().toGenericDict();
       const auto& p = params.at(static_cast<size_t>(entry.key().toInt()));

@@ -694,6 +694,37 @@ TEST(DDP, SyncEveryBackwardAveragesEachBackwardAndFindsUnusedAtItsEnd) {
   std::cout << "[ sync_every_backward ] world " << world << ": max |diff| " << worst.value << "\n";
 }
 
+// A parameter registered after wrapping lies in no bucket and would never be averaged: refused by
+// name at the next forward; so is a module put in the place of a wrapped one.
+TEST(DDP, AParameterRegisteredAfterWrappingIsRefusedByName) {
+  single_threaded();
+  run_ranks(2, [](ProcessGroup& g) {
+    torch::nn::Sequential model(torch::nn::Linear(8, 6), torch::nn::ReLU(), torch::nn::Linear(6, 1));
+    DistributedDataParallel ddp(model.ptr(), g);
+    ddp.forward(torch::randn({4, 8})).sum().backward();
+    model->ptr(2)->register_parameter("scale", torch::ones({1}));
+    try {
+      ddp.forward(torch::randn({4, 8}));
+      ADD_FAILURE() << "no error";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("DistributedDataParallel: parameter '2.scale' was registered on the module "
+                                           "after it was wrapped"),
+                std::string::npos)
+          << e.what();
+    }
+    torch::nn::Sequential other(torch::nn::Linear(8, 6));
+    DistributedDataParallel replaced(other.ptr(), g);
+    other->replace_module("0", torch::nn::Linear(8, 6));
+    try {
+      replaced.forward(torch::randn({4, 8}));
+      ADD_FAILURE() << "no error";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("parameter '0.weight' was replaced on the module"), std::string::npos)
+          << e.what();
+    }
+  });
+}
+
 }  // namespace
 }  // namespace ddp_test
 }  // namespace distributed

@@ -358,6 +358,26 @@ TEST(SeparateDDP, OptionsGivenForAnotherReasonKeepEachWrappersBufferDefault) {
   });
 }
 
+// A part registered after wrapping would have no DistributedDataParallel: refused by name at the
+// next prepare_forward().
+TEST(SeparateDDP, APartRegisteredAfterWrappingIsRefusedByName) {
+  run_ranks(2, [&](ProcessGroup& g) {
+    Gan gan;
+    SeparateDDP sep(gan, g);
+    sep.prepare_forward();
+    gan->register_module("critic", Discriminator());
+    try {
+      sep.prepare_forward();
+      ADD_FAILURE() << "no error";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("SeparateDDP: parameter 'critic.fc1.weight' was registered on the module "
+                                           "after it was wrapped"),
+                std::string::npos)
+          << e.what();
+    }
+  });
+}
+
 }  // namespace
 }  // namespace separate_ddp_test
 }  // namespace distributed

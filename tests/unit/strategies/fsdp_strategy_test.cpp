@@ -3,6 +3,7 @@
 // state it gives checkpoints is whole and loads back into the shards.
 #include <lockstep/strategies/fsdp_strategy.h>
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -196,6 +197,106 @@ TEST(FSDPStrategyState, TwoRanksShardedCheckpointLoadsOnFourBitForBit) {
       }
     }
   });
+}
+
+// embed -> head -> out, head's weight being embed's (a tied weight: one tensor registered twice,
+// as "embed.weight" and "head_weight", in the root unit).
+struct TiedImpl : torch::nn::Module {
+  TiedImpl()
+      : embed(register_module("embed", torch::nn::Linear(6, 6))),
+        head_weight(register_parameter("head_weight", embed->weight)),
+        out(register_module("out", torch::nn::Linear(6, 3))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return out(torch::relu(torch::nn::functional::linear(torch::relu(embed(x)), head_weight)));
+  }
+  torch::nn::Linear embed;
+  torch::Tensor head_weight;
+  torch::nn::Linear out;
+};
+TORCH_MODULE(Tied);
+
+// The per-element state of one optimizer by parameter index and key ("0/exp_avg").
+std::map<std::string, torch::Tensor> moments_of(const c10::impl::GenericDict& state) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& entry : state.at("state").toGenericDict()) {
+    for (const auto& item : entry.value().toGenericDict()) {
+      if (item.value().isTensor()) {
+        out[std::to_string(entry.key().toInt()) + "/" + item.key().toStringRef()] = item.value().toTensor().clone();
+      }
+    }
+  }
+  return out;
+}
+
+// After a no-grad forward the root unit's parameters are still gathered (whole); saving then, full
+// and sharded, with a tied weight, two optimizers each holding part of the module and parameters
+// in no optimizer (out.bias), gives the state that was there before, and it loads back.
+TEST(FSDPStrategyState, SavesAfterANoGradForwardWithATiedWeightAndTwoOptimizersLoadBack) {
+  for (const std::string type : {"full", "sharded"}) {
+    testing::TempDir dir("lockstep_fsdp_no_grad_save");
+    const std::string path = dir / "tied.ckpt";
+    std::vector<Tied> models{Tied(), Tied()};
+    run_plan_ranks(2, fsdp_ranks().fsdp_state_dict_type(type), [&](ExecutionPlan& plan) {
+      auto& strategy = *plan.strategy;
+      auto& net = models[strategy.global_rank()];
+      auto wrapped = strategy.setup_module(net.ptr());
+      auto opt_a = std::make_shared<torch::optim::Adam>(net->embed->parameters(), 0.01);
+      auto opt_b = std::make_shared<torch::optim::Adam>(std::vector<torch::Tensor>{net->out->weight}, 0.01);
+      const auto step = [&](double scale) {
+        wrapped->before_forward();
+        net->forward(torch::full({4, 6}, strategy.global_rank() + scale)).pow(2).sum().backward();
+        opt_a->step();
+        opt_b->step();
+        opt_a->zero_grad();
+        opt_b->zero_grad();
+      };
+      step(1.0);
+      step(2.0);
+      const auto state_now = [&] {
+        std::vector<std::map<std::string, torch::Tensor>> out;
+        for (const auto& opt : {opt_a, opt_b}) out.push_back(moments_of(strategy.optimizer_state_dict(*opt)));
+        return out;
+      };
+      const auto params_before = strategy.module_state_dict(*net);
+      const auto moments_before = state_now();
+      {
+        torch::NoGradGuard no_grad;
+        wrapped->before_forward();
+        net->forward(torch::ones({2, 6}));
+      }
+      const auto params = strategy.module_state_dict(*net);
+      const auto moments = state_now();
+      for (const auto& item : params_before) EXPECT_TRUE(params.at(item.key()).equal(item.value())) << type << " " << item.key();
+      for (size_t o = 0; o < 2; ++o) {
+        ASSERT_FALSE(moments[o].empty()) << type << ", optimizer " << o;
+        for (const auto& [key, value] : moments_before[o]) {
+          EXPECT_TRUE(moments[o].at(key).equal(value)) << type << ", optimizer " << o << ", " << key;
+        }
+      }
+      auto state = checkpoint::make_checkpoint();
+      state.insert("state_dict", params);
+      c10::impl::GenericList optimizers(c10::AnyType::get());
+      for (const auto& opt : {opt_a, opt_b}) optimizers.push_back(strategy.optimizer_state_dict(*opt));
+      state.insert("optimizer_states", optimizers);
+      strategy.save_checkpoint(state, path, checkpoint::CheckpointIO(), {opt_a, opt_b});
+      strategy.barrier("saved");
+      step(3.0);
+      const auto loaded = strategy.load_checkpoint(path, checkpoint::CheckpointIO(), {opt_a, opt_b});
+      strategy.load_module_state_dict(*net, loaded.at("state_dict").toGenericDict());
+      const auto saved_optimizers = loaded.at("optimizer_states").toList();
+      strategy.load_optimizer_state_dict(*opt_a, saved_optimizers.get(0).toGenericDict());
+      strategy.load_optimizer_state_dict(*opt_b, saved_optimizers.get(1).toGenericDict());
+      const auto back = strategy.module_state_dict(*net);
+      for (const auto& item : params) EXPECT_TRUE(back.at(item.key()).equal(item.value())) << type << " " << item.key();
+      const auto moments_back = state_now();
+      for (size_t o = 0; o < 2; ++o) {
+        ASSERT_EQ(moments_back[o].size(), moments[o].size()) << type;
+        for (const auto& [key, value] : moments[o]) {
+          EXPECT_TRUE(moments_back[o].at(key).equal(value)) << type << ", optimizer " << o << ", " << key;
+        }
+      }
+    });
+  }
 }
 
 }  // namespace

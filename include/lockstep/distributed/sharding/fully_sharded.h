@@ -19,6 +19,7 @@
 #include <lockstep/distributed/sharding/flat_layout.h>
 #include <lockstep/distributed/sharding/shard_transport.h>
 #include <lockstep/distributed/sharding/sharding_options.h>
+#include <lockstep/distributed/wrapped_parameters.h>
 
 namespace lockstep {
 namespace distributed {
@@ -49,7 +50,11 @@ class FullyShardedDataParallelBase {
   /// Before the module's forward (forward() calls it): gathers the parameters the forward
   /// needs (the root unit; all units with SHARD_GRAD_OP and ZeRO-1). The next backward reduces
   /// into the gradients the optimizer sees: they accumulate until it zeroes them (also between
-  /// a forward and its backward), as in one process.
+  /// a forward and its backward), as in one process; a parameter that no rank's backward
+  /// reached keeps its gradient as it was (undefined after zero_grad(set_to_none)).
+  /// Except with NO_SHARD, a collective: every rank must make the same forwards, and one in a
+  /// training forward while another evaluates fails here on both (DistributedError). Refuses
+  /// (UsageError) a parameter registered on the module after it was wrapped, naming it.
   void prepare_forward();
 
   /// The total norm of the gradients over all ranks (as torch::nn::utils::clip_grad_norm_ of the
@@ -62,8 +67,10 @@ class FullyShardedDataParallelBase {
   std::vector<std::pair<std::string, at::Tensor>> full_state_dict();
 
   /// Whole tensors from pieces laid out like the parameters' (a collective): `pieces[k]` is this
-  /// rank's piece of a tensor shaped like parameter k of parameters(), such as Adam's exp_avg;
-  /// returns the whole tensors, shaped like the parameters. For optimizer state in checkpoints.
+  /// rank's piece of a tensor shaped like parameter k of parameters(), such as Adam's exp_avg, or
+  /// undefined where there is none (a parameter no optimizer stepped; gathered as zeros, returned
+  /// undefined); returns the whole tensors, shaped like the parameters. For optimizer state in
+  /// checkpoints. Pieces are sized as piece_info() says, whatever the parameters show now.
   std::vector<at::Tensor> gather_pieces(const std::vector<at::Tensor>& pieces);
   /// This rank's piece of `whole`, a tensor shaped like `parameter` (one of parameters()), such
   /// as a checkpoint's exp_avg for it; `whole` itself for a parameter that is not sharded.
@@ -144,6 +151,7 @@ class FullyShardedDataParallelBase {
   void show(Unit& unit, bool whole);
   /// Waits for everything on the communication thread (before collectives of the training thread).
   void settle();
+  void check_every_rank_forwards(bool training);
   void begin_backward();
   void set_aside(Unit& unit, size_t index);
   void before_gradient(size_t parameter);
@@ -151,6 +159,8 @@ class FullyShardedDataParallelBase {
   void reduce_ready_units();
   void reduce(Unit& unit);
   void finish_backward();
+  /// For each of where_: whether any rank's backward gave it a gradient (a collective).
+  std::vector<bool> used_on_any_rank();
   void learn_forward_order();
   [[noreturn]] void fail(const std::string& message);
 
@@ -181,6 +191,7 @@ class FullyShardedDataParallelBase {
   bool in_backward_ = false;
   bool forward_prepared_ = false;  // a training forward went through the wrapper
   std::string why_not_shared_memory_;
+  WrappedParameters wrapped_;  // refuses parameters registered after wrapping
   std::string error_;  // a failure inside backward, rethrown by the next call
   // Last: destroyed first, finishing its queue while the units and the transport still exist.
   std::unique_ptr<detail::CommThread> comm_;

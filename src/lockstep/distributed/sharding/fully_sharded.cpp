@@ -292,6 +292,7 @@ struct FullyShardedDataParallelBase::Unit {
   std::vector<at::Tensor> pieces;  // parameter i's piece, in `shard`
   std::vector<at::Tensor> grads;   // parameter i's kept gradient (whole or piece), in `reduced`
   std::vector<bool> arrived;       // parameter i got its gradient in this backward
+  std::vector<bool> had_grad;      // parameter i had a gradient before this backward
   size_t first_parameter = 0;      // parameter i is where_[first_parameter + i]
   size_t pending = 0;
   bool gathered = true;  // `full` holds the current parameters, once `gathering` completes
@@ -346,6 +347,7 @@ FullyShardedDataParallelBase::FullyShardedDataParallelBase(std::shared_ptr<torch
   next_in_forward_.assign(units_.size(), SIZE_MAX);
   previous_in_forward_.assign(units_.size(), SIZE_MAX);
   comm_ = std::make_unique<detail::CommThread>();
+  wrapped_ = WrappedParameters(*module_, "FullyShardedDataParallel");
 }
 
 FullyShardedDataParallelBase::~FullyShardedDataParallelBase() {
@@ -492,6 +494,7 @@ void FullyShardedDataParallelBase::build_units() {
       p.mutable_grad() = at::Tensor();
     }
     unit->arrived.assign(unit->params.size(), false);
+    unit->had_grad.assign(unit->params.size(), false);
     if (u > 0) {
       auto& child = children[u - 1];
       unit->parent = child.parent;
@@ -584,8 +587,10 @@ void FullyShardedDataParallelBase::reshard(Unit& unit) {
 
 void FullyShardedDataParallelBase::prepare_forward() {
   if (!error_.empty()) throw DistributedError(error_);
+  wrapped_.check(*module_);
   const bool training = torch::GradMode::is_enabled() && module_->is_training();
   if (training) forward_prepared_ = true;
+  if (options_.sharding_strategy() != ShardingStrategy::no_shard) check_every_rank_forwards(training);
   gather(*units_.front());
   if (shards_at_rest(options_.sharding_strategy())) {
     if (forward_order_known_ && !forward_order_.empty()) prefetch(*units_[forward_order_.front()]);
@@ -593,6 +598,38 @@ void FullyShardedDataParallelBase::prepare_forward() {
     // Each child unit waits for its own gather before its forward (before_unit_forward).
     for (auto& unit : units_) prefetch(*unit);
   }
+}
+
+// A forward that only some ranks make would pair its gathers with another forward's on the other
+// ranks and fail far from here, or hang. So the ranks first tell each other what forward they
+// are in (one number each): a training forward on one rank and an evaluation on another are
+// refused here, on both.
+void FullyShardedDataParallelBase::check_every_rank_forwards(bool training) {
+  if (shard_group_->world_size() == 1) return;
+  const auto mine = at::full({1}, training ? 1.0f : 0.0f);
+  auto all = at::empty({shard_group_->world_size()}, at::kFloat);
+  const auto ticket = comm_->submit([this, mine, all]() mutable {
+    transport_->all_gather(mine, all, "all_gather of the kind of forward each rank is in");
+  });
+  try {
+    detail::CommThread::wait(ticket, group_.timeout() * 2, group_.describe(), "the all_gather of the kind of forward");
+  } catch (const std::exception& e) {
+    fail(e.what());
+  }
+  std::string others;
+  const auto* kinds = all.data_ptr<float>();
+  for (int r = 0; r < shard_group_->world_size(); ++r) {
+    if ((kinds[r] == 1.0f) != training) others += (others.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (others.empty()) return;
+  const auto kind = [](bool train) {
+    return std::string(train ? "a training forward" : "an evaluation forward (no grad, or eval())");
+  };
+  fail(group_.describe() + ": FullyShardedDataParallel: this rank is in " + kind(training) + " while rank(s) " + others +
+       " of its shard group are in " + kind(!training) + ". Under " + to_string(options_.sharding_strategy()) +
+       " every forward gathers parameters from every rank, so every rank must make the same forwards: evaluate on "
+       "all ranks (the Trainer's validation does), or take full_state_dict() on all ranks and evaluate an unwrapped "
+       "copy on one. NO_SHARD forwards need no other rank.");
 }
 
 void FullyShardedDataParallelBase::begin_backward() {
@@ -624,6 +661,7 @@ void FullyShardedDataParallelBase::set_aside(Unit& unit, size_t i) {
   // reduce-scatter reads it there, and no flat buffer the unit's size is needed beside it.
   torch::NoGradGuard no_grad;
   auto& grad = unit.params[i].mutable_grad();
+  unit.had_grad[i] = grad.defined();
   if (!grad.defined()) {
     unit.grads[i].zero_();
   } else if (!is_alias_of(grad, unit.grads[i])) {
@@ -737,15 +775,35 @@ void FullyShardedDataParallelBase::finish_backward() {
     times_.reduce_waited_s += seconds_since(start);
   }
   if (!forward_order_known_) learn_forward_order();
+  const auto used = used_on_any_rank();
   for (auto& unit : units_) {
     reshard(*unit);
     // With ZeRO-1 and SHARD_GRAD_OP `full` keeps its memory; the step changes the shards, so the
     // next forward gathers them.
     if (options_.sharding_strategy() != ShardingStrategy::no_shard) unit->gathered = false;
-    for (size_t i = 0; i < unit->params.size(); ++i) unit->params[i].mutable_grad() = unit->grads[i];
+    for (size_t i = 0; i < unit->params.size(); ++i) {
+      // A parameter no rank used keeps its gradient as it was (undefined), as in one process.
+      const bool kept = used[unit->first_parameter + i] || unit->had_grad[i];
+      unit->params[i].mutable_grad() = kept ? unit->grads[i] : at::Tensor();
+    }
   }
   in_backward_ = false;
   forward_prepared_ = false;
+}
+
+std::vector<bool> FullyShardedDataParallelBase::used_on_any_rank() {
+  auto used = at::zeros({static_cast<int64_t>(where_.size())}, at::kInt);
+  auto* flags = used.data_ptr<int32_t>();
+  for (size_t k = 0; k < where_.size(); ++k) flags[k] = units_[where_[k].first]->arrived[where_[k].second] ? 1 : 0;
+  if (group_.world_size() > 1 && !where_.empty()) {
+    try {
+      all_reduce(group_, used, ReduceOp::max, CollectiveOptions().tag("FSDP parameters used in backward"));
+    } catch (const std::exception& e) {
+      fail(e.what());
+    }
+  }
+  flags = used.data_ptr<int32_t>();
+  return std::vector<bool>(flags, flags + where_.size());
 }
 
 void FullyShardedDataParallelBase::learn_forward_order() {
@@ -889,7 +947,7 @@ std::vector<at::Tensor> FullyShardedDataParallelBase::gather_pieces(const std::v
     const auto& unit = *units_[u];
     auto shard = at::zeros({unit.layout.shard_numel}, unit.shard.options());
     for (size_t k = 0; k < params.size(); ++k) {
-      if (where[k].first != u) continue;
+      if (where[k].first != u || !pieces[k].defined()) continue;
       const auto piece = unit.layout.piece(where[k].second, shard_group_->rank());
       LOCKSTEP_CHECK(pieces[k].numel() == piece.numel, UsageError, "FullyShardedDataParallel::gather_pieces: piece ", k,
                      " has ", pieces[k].numel(), " elements where this rank's piece of '", unit.names[where[k].second],
@@ -899,7 +957,7 @@ std::vector<at::Tensor> FullyShardedDataParallelBase::gather_pieces(const std::v
     auto flat = at::empty({unit.layout.padded_numel()}, shard.options());
     transport_->all_gather(shard, flat, "all_gather of unit '" + unit.name + "''s optimizer state");
     for (size_t k = 0; k < params.size(); ++k) {
-      if (where[k].first != u) continue;
+      if (where[k].first != u || !pieces[k].defined()) continue;
       const size_t i = where[k].second;
       whole[k] = flat.narrow(0, unit.layout.offsets[i], unit.layout.numels[i])
                      .view(unit.layout.shapes[i])
@@ -908,7 +966,7 @@ std::vector<at::Tensor> FullyShardedDataParallelBase::gather_pieces(const std::v
     }
   }
   for (size_t k = 0; k < params.size(); ++k) {
-    if (where[k].first == SIZE_MAX) whole[k] = pieces[k].clone();
+    if (where[k].first == SIZE_MAX && pieces[k].defined()) whole[k] = pieces[k].clone();
   }
   return whole;
 }

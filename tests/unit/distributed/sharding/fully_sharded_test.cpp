@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -18,6 +19,7 @@
 #include <torch/torch.h>
 
 #include <lockstep/core/error.h>
+#include <lockstep/distributed/ddp.h>
 
 #include "../../../support/parity.h"
 #include "../../../support/thread_ranks.h"
@@ -558,6 +560,160 @@ TEST(FullyShardedDataParallel, CheckpointingRecomputesWithTheSameRandomNumbers) 
   }
   EXPECT_EQ(calls_per_step, (std::vector<int>{2, 4}));
   for (size_t k = 0; k < runs[0].size(); ++k) EXPECT_TRUE(runs[0][k].equal(runs[1][k])) << "tensor " << k;
+}
+
+// A branch that forward skips for the first steps: a unit `c`, skipped on every rank until step
+// 5, and a root parameter `extra`, used from step 5 and at step 2 on rank 0 only (a child unit
+// cannot be used by some ranks only: its gathers are collectives).
+struct SkippedBranchImpl : torch::nn::Module {
+  SkippedBranchImpl()
+      : a(register_module("a", torch::nn::Sequential(torch::nn::Linear(64, 10)))),
+        b(register_module("b", torch::nn::Sequential(torch::nn::Linear(20, 64), torch::nn::ReLU()))),
+        c(register_module("c", torch::nn::Sequential(torch::nn::Linear(64, 64), torch::nn::ReLU()))),
+        extra(register_module("extra", torch::nn::Linear(64, 64))) {}
+  at::Tensor forward(at::Tensor x, int step, int rank) {
+    auto h = b->forward(x);
+    if (step >= 5) h = c->forward(h);
+    if (step >= 5 || (step == 2 && rank == 0)) h = h + extra->forward(h);
+    return a->forward(h);
+  }
+  torch::nn::Sequential a, b, c;
+  torch::nn::Linear extra;
+};
+TORCH_MODULE(SkippedBranch);
+
+void set_grads_to_none(const std::vector<at::Tensor>& params) {
+  for (auto p : params) p.mutable_grad() = at::Tensor();
+}
+
+// 20 Adam steps of SkippedBranch on `world` ranks, gradients set to none each step; `fsdp` false:
+// DDP with find_unused_parameters. Returns rank 0's whole parameters; `undefined` counts, on
+// rank 0 after step 0's backward, the parameters without a gradient.
+std::vector<at::Tensor> train_skipped_branch(const std::vector<at::Tensor>& init, int world,
+                                             std::optional<ShardingStrategy> fsdp, int hybrid_size, int* undefined) {
+  const Data data(20, world * kPerRank);
+  std::vector<SkippedBranch> models;
+  for (int r = 0; r < world; ++r) models.emplace_back();
+  copy_into(models[0]->parameters(), init);
+  std::vector<at::Tensor> result;
+  run_ranks(world, [&](ProcessGroup& g) {
+    auto model = models[g.rank()];
+    std::unique_ptr<FullyShardedDataParallel<SkippedBranchImpl>> sharded;
+    std::unique_ptr<DistributedDataParallel<SkippedBranchImpl>> ddp;
+    if (fsdp) {
+      sharded = std::make_unique<FullyShardedDataParallel<SkippedBranchImpl>>(
+          model.ptr(), g, ShardingOptions().sharding_strategy(*fsdp).auto_wrap_min_params(500).hybrid_shard_size(hybrid_size));
+    } else {
+      ddp = std::make_unique<DistributedDataParallel<SkippedBranchImpl>>(model.ptr(), g,
+                                                                         DDPOptions().find_unused_parameters(true));
+    }
+    torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.01));
+    for (int s = 0; s < 20; ++s) {
+      set_grads_to_none(model->parameters());
+      const auto x = data.inputs[s].narrow(0, g.rank() * kPerRank, kPerRank);
+      const auto y = data.targets[s].narrow(0, g.rank() * kPerRank, kPerRank);
+      const int r = g.rank();
+      torch::cross_entropy_loss(sharded ? sharded->forward(x, s, r) : ddp->forward(x, s, r), y).backward();
+      if (s == 0 && g.rank() == 0) {
+        *undefined = 0;
+        for (const auto& p : model->parameters()) *undefined += p.grad().defined() ? 0 : 1;
+      }
+      opt.step();
+    }
+    if (g.rank() != 0) {
+      if (sharded) sharded->full_state_dict();  // a collective
+      return;
+    }
+    if (!sharded) {
+      result = clone_all(model->parameters());
+      return;
+    }
+    for (const auto& item : sharded->full_state_dict()) result.push_back(item.second);
+  });
+  return result;
+}
+
+// A parameter that no rank's backward reached keeps no gradient, as under DDP and in one process,
+// so Adam does not step it (and count the step): a branch skipped from step 0 ends where DDP's
+// does after 20 Adam steps. At step 2 only rank 0 uses `extra`: every rank then gets the mean.
+TEST(FullyShardedDataParallel, AParameterNoRankUsedGetsNoGradientAndEqualsDDP) {
+  torch::manual_seed(7);
+  const auto init = clone_all(SkippedBranch()->parameters());
+  const auto names = lockstep::testing::parameter_names(*SkippedBranch());
+  for (auto [strategy, world, hybrid] : {std::tuple{ShardingStrategy::full_shard, 2, 0},
+                                         std::tuple{ShardingStrategy::shard_grad_op, 2, 0},
+                                         std::tuple{ShardingStrategy::hybrid_shard, 4, 2}}) {
+    int ddp_undefined = -1, fsdp_undefined = -1;
+    const auto expected = train_skipped_branch(init, world, std::nullopt, 0, &ddp_undefined);
+    const auto actual = train_skipped_branch(init, world, strategy, hybrid, &fsdp_undefined);
+    EXPECT_EQ(ddp_undefined, 4) << "c.0 and extra: weights and biases";
+    EXPECT_EQ(fsdp_undefined, ddp_undefined) << to_string(strategy);
+    double worst = 0;
+    EXPECT_TRUE(parameters_close(actual, expected, kTolerance, names, &worst)) << to_string(strategy);
+    std::cout << to_string(strategy) << " on " << world << " ranks: max |difference| from DDP " << worst << "\n";
+  }
+}
+
+// A parameter registered after wrapping would lie in no unit, never reduced: refused by name at
+// the next forward.
+TEST(FullyShardedDataParallel, AParameterRegisteredAfterWrappingIsRefusedByName) {
+  std::vector<torch::nn::Sequential> models{mlp(), mlp()};
+  run_ranks(2, [&](ProcessGroup& g) {
+    auto model = models[g.rank()];
+    FullyShardedDataParallel fsdp(model, g, ShardingOptions().auto_wrap_min_params(1000));
+    fsdp.forward(torch::randn({kPerRank, 20})).sum().backward();
+    model->ptr(4)->register_parameter("late", torch::zeros({3}));
+    try {
+      fsdp.forward(torch::randn({kPerRank, 20}));
+      ADD_FAILURE() << "no error";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("'4.late' was registered on the module after it was wrapped"),
+                std::string::npos)
+          << e.what();
+    }
+  });
+}
+
+// An evaluation forward on rank 0 only, while rank 1 goes on training: under FULL_SHARD both are
+// refused at that forward, naming it (without the check the two forwards' gathers would pair up
+// and the ranks would part in silence).
+TEST(FullyShardedDataParallel, AForwardOnSomeRanksOnlyIsRefusedThere) {
+  std::vector<torch::nn::Sequential> models{mlp(), mlp()};
+  run_ranks(2, [&](ProcessGroup& g) {
+    auto model = models[g.rank()];
+    FullyShardedDataParallel fsdp(model, g, ShardingOptions().auto_wrap_min_params(1000));
+    torch::optim::Adam opt(fsdp.parameters(), torch::optim::AdamOptions(0.01));
+    fsdp.forward(torch::randn({kPerRank, 20})).sum().backward();
+    opt.step();
+    try {
+      if (g.rank() == 0) {
+        torch::NoGradGuard no_grad;
+        model->eval();
+        fsdp.forward(torch::randn({kPerRank, 20}));
+      } else {
+        fsdp.forward(torch::randn({kPerRank, 20})).sum().backward();
+      }
+      ADD_FAILURE() << "no error on rank " << g.rank();
+    } catch (const DistributedError& e) {
+      const std::string what = e.what();
+      const std::string expected = g.rank() == 0 ? "this rank is in an evaluation forward" : "this rank is in a training forward";
+      EXPECT_NE(what.find(expected), std::string::npos) << what;
+      EXPECT_NE(what.find("rank(s) " + std::to_string(1 - g.rank())), std::string::npos) << what;
+    }
+  });
+}
+
+// With NO_SHARD a forward gathers nothing: rank 0 evaluates alone, as under DDP.
+TEST(FullyShardedDataParallel, NoShardEvaluatesOnOneRankAlone) {
+  std::vector<torch::nn::Sequential> models{mlp(), mlp()};
+  run_ranks(2, [&](ProcessGroup& g) {
+    auto model = models[g.rank()];
+    FullyShardedDataParallel fsdp(model, g, ShardingOptions().sharding_strategy(ShardingStrategy::no_shard));
+    if (g.rank() == 0) {
+      torch::NoGradGuard no_grad;
+      EXPECT_EQ(fsdp.forward(torch::randn({kPerRank, 20})).size(1), 10);
+    }
+  });
 }
 
 TEST(FullyShardedDataParallel, AModuleTypeThatMatchesNothingIsAUsageErrorListingTheTypes) {
