@@ -46,6 +46,17 @@ const std::vector<std::vector<std::string>> kLayers = {
 
 const std::vector<std::string> kBases = {"include/lockstep", "src/lockstep"};
 
+// Inside distributed/: the process group and collectives (its own files), then comm/ (the
+// transports both engines stand on), then ddp/ and fsdp/, which do not include each other.
+const std::map<std::string, int> kDistributedLayers = {{"", 0}, {"comm", 1}, {"ddp", 2}, {"fsdp", 2}};
+
+// "distributed/comm/hosts.h" -> "comm"; "distributed/collectives.h" -> "".
+std::string subfolder_of(const std::string& below_lockstep) {
+  const auto first = below_lockstep.find('/');
+  const auto second = below_lockstep.find('/', first + 1);
+  return second == std::string::npos ? "" : below_lockstep.substr(first + 1, second - first - 1);
+}
+
 std::map<std::string, int> layer_of() {
   std::map<std::string, int> layer;
   for (int i = 0; i < static_cast<int>(kLayers.size()); ++i) {
@@ -124,9 +135,24 @@ std::vector<std::string> layering_violations(const fs::path& root_given) {
         continue;
       }
       const auto to = lockstep_folder(root, target.lexically_normal());
-      if (!to || to->first == file.folder) continue;
+      if (!to) continue;
       const std::string where = file.shown + ":" + std::to_string(number) + ": ";
       const std::string what = to->second + (spelled.empty() ? "" : " through \"" + spelled + "\"");
+      if (to->first == file.folder) {
+        if (file.folder != "distributed") continue;
+        const auto from_sub = subfolder_of(lockstep_folder(root, fs::absolute(file.path).lexically_normal())->second);
+        const auto to_sub = subfolder_of(to->second);
+        if (from_sub == to_sub) continue;
+        if (!kDistributedLayers.count(from_sub) || !kDistributedLayers.count(to_sub)) {
+          violations.push_back(where + "distributed/" + (kDistributedLayers.count(from_sub) ? to_sub : from_sub) +
+                               " has no place in kDistributedLayers");
+        } else if (kDistributedLayers.at(to_sub) >= kDistributedLayers.at(from_sub)) {
+          violations.push_back(where + "distributed/" + from_sub + " includes " + what +
+                               (kDistributedLayers.at(to_sub) == kDistributedLayers.at(from_sub) ? " (same layer)"
+                                                                                                : " (a higher layer)"));
+        }
+        continue;
+      }
       if (!layer.count(file.folder)) {
         violations.push_back(where + "folder " + file.folder + " has no layer in tests/architecture_test.cpp");
       } else if (!layer.count(to->first)) {
@@ -176,10 +202,25 @@ TEST(Architecture, AnEdgeAgainstTheLayeringIsNamed) {
   write(root / "src/lockstep/core/seed.cpp", "#include <lockstep/core/seed.h>\n\n#include \"../trainer/trainer_internal.h\"\n");
   write(root / "src/lockstep/callbacks/early_stopping.cpp", "#include \"lockstep/loggers/logger.h\"\n");
   write(root / "src/lockstep/data/sub/deep.cpp", "#include \"../../launchers/process_utils.h\"\n");
+  // Inside distributed/: comm below ddp and fsdp, which are peers.
+  write(root / "src/lockstep/distributed/comm/hosts.cpp", "#include <lockstep/distributed/ddp/ddp.h>\n");
+  write(root / "src/lockstep/distributed/fsdp/unit.cpp",
+        "#include <lockstep/distributed/comm/shard_transport.h>\n#include \"../ddp/reducer_internal.h\"\n");
+  write(root / "src/lockstep/distributed/ddp/reducer_internal.h", "#pragma once\n");
+  write(root / "src/lockstep/distributed/collectives.cpp", "#include \"comm/hosts.h\"\n");
 
   const auto violations = layering_violations(root);
   const std::string all = joined(violations);
-  ASSERT_EQ(violations.size(), 5u) << all;
+  ASSERT_EQ(violations.size(), 8u) << all;
+  EXPECT_NE(all.find("src/lockstep/distributed/comm/hosts.cpp:1: distributed/comm includes distributed/ddp/ddp.h "
+                     "(a higher layer)"),
+            std::string::npos) << all;
+  EXPECT_NE(all.find("src/lockstep/distributed/fsdp/unit.cpp:2: distributed/fsdp includes "
+                     "distributed/ddp/reducer_internal.h through \"../ddp/reducer_internal.h\" (same layer)"),
+            std::string::npos) << all;
+  EXPECT_NE(all.find("src/lockstep/distributed/collectives.cpp:1: distributed/ includes distributed/comm/hosts.h "
+                     "through \"comm/hosts.h\" (a higher layer)"),
+            std::string::npos) << all;
   EXPECT_NE(all.find("src/lockstep/core/training_module.cpp:2: core includes trainer/trainer.h (a higher layer)"),
             std::string::npos) << all;
   EXPECT_NE(all.find("src/lockstep/callbacks/lr_monitor.cpp:1: callbacks includes loggers/logger.h (same layer)"),

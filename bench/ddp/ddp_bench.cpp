@@ -17,7 +17,7 @@
 
 #include <lockstep/cli/guarded_main.h>
 #include <lockstep/distributed/collectives.h>
-#include <lockstep/distributed/ddp.h>
+#include <lockstep/distributed/ddp/ddp.h>
 #include <lockstep/environments/cluster_environment.h>
 #include <lockstep/environments/torchelastic_environment.h>
 #include <lockstep/launchers/local_launcher.h>

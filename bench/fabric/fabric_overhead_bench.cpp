@@ -19,7 +19,7 @@
 #include <lockstep/core/error.h>
 #include <lockstep/data/idx_examples.h>
 #include <lockstep/distributed/collectives.h>
-#include <lockstep/distributed/ddp.h>
+#include <lockstep/distributed/ddp/ddp.h>
 #include <lockstep/environments/cluster_environment.h>
 #include <lockstep/fabric/fabric.h>
 

@@ -25,9 +25,10 @@
 
 #include <lockstep/cli/guarded_main.h>
 #include <lockstep/core/error.h>
+#include <lockstep/core/heap.h>
 #include <lockstep/distributed/collectives.h>
-#include <lockstep/distributed/ddp.h>
-#include <lockstep/distributed/sharding/fully_sharded.h>
+#include <lockstep/distributed/ddp/ddp.h>
+#include <lockstep/distributed/fsdp/fully_sharded.h>
 #include <lockstep/environments/cluster_environment.h>
 #include <lockstep/environments/torchelastic_environment.h>
 #include <lockstep/launchers/local_launcher.h>
@@ -136,6 +137,7 @@ int run(int argc, char** argv) {
         net, *group, distributed::DDPOptions().gradient_as_bucket_view(true));
     trained = net->parameters();
   } else {
+    core::tune_heap_for_sharded_training();  // as FSDPStrategy does
     fsdp = std::make_unique<distributed::FullyShardedDataParallel<NetImpl>>(
         net, *group,
         distributed::ShardingOptions()

@@ -22,7 +22,7 @@
 
 #include <lockstep/core/blas.h>
 #include <lockstep/distributed/collectives.h>
-#include <lockstep/distributed/ddp.h>
+#include <lockstep/distributed/ddp/ddp.h>
 #include <lockstep/environments/cluster_environment.h>
 #include <lockstep/launchers/launch.h>
 

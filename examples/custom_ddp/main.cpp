@@ -14,10 +14,10 @@
 
 #include <lockstep/cli/guarded_main.h>
 #include <lockstep/cli/trainer_flags.h>
-#include <lockstep/data/dataset.h>
-#include <lockstep/core/training_module.h>
 #include <lockstep/core/error.h>
-#include <lockstep/distributed/ddp.h>
+#include <lockstep/core/training_module.h>
+#include <lockstep/data/dataset.h>
+#include <lockstep/distributed/ddp/ddp.h>
 #include <lockstep/strategies/ddp_strategy.h>
 #include <lockstep/strategies/registry.h>
 #include <lockstep/trainer/trainer.h>

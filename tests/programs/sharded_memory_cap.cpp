@@ -1,5 +1,5 @@
 // A training program under a per-process memory cap, for the "does not fit" test of sharded
-// training (tests/unit/distributed/sharding/memory_cap_test.cpp):
+// training (tests/unit/distributed/fsdp/memory_cap_test.cpp):
 //   sharded_memory_cap DDP|FULL_SHARD NPROC CAP_MB STEPS WIDTH LAYERS
 // Launches NPROC ranks (LocalLauncher, re-executed). Each rank, once LibTorch and the process
 // group are up, caps its own address space (RLIMIT_AS, what `prlimit --as` sets) at what it has
@@ -23,9 +23,10 @@
 #include <torch/torch.h>
 
 #include <lockstep/cli/guarded_main.h>
+#include <lockstep/core/heap.h>
 #include <lockstep/distributed/collectives.h>
-#include <lockstep/distributed/ddp.h>
-#include <lockstep/distributed/sharding/fully_sharded.h>
+#include <lockstep/distributed/ddp/ddp.h>
+#include <lockstep/distributed/fsdp/fully_sharded.h>
 #include <lockstep/environments/cluster_environment.h>
 #include <lockstep/environments/torchelastic_environment.h>
 #include <lockstep/launchers/local_launcher.h>
@@ -92,6 +93,7 @@ int run(int argc, char** argv) {
     const auto options = distributed::ShardingOptions()
                              .sharding_strategy(distributed::parse_sharding_strategy(sharding))
                              .auto_wrap_min_params(std::min<int64_t>(784, width) * width);
+    core::tune_heap_for_sharded_training();  // as FSDPStrategy does
     fsdp = std::make_unique<distributed::FullyShardedDataParallel<NetImpl>>(net, *group, options);
   }
   torch::optim::Adam optimizer(net->parameters(), torch::optim::AdamOptions(1e-3));

@@ -4,7 +4,7 @@
 //   shared_memory_peer_exit                  rank 1 exits before reducing
 //   shared_memory_peer_exit inside-barrier   rank 1 arrives last at the first barrier and dies
 //                                            before it releases rank 0
-#include <lockstep/distributed/transport/shared_memory_allreduce.h>
+#include <lockstep/distributed/comm/shared_memory_allreduce.h>
 #include <lockstep/launchers/worker_environment.h>
 
 #include <sys/wait.h>

@@ -340,7 +340,7 @@ TEST(DocsDefaults, TheTablesAndTheHeaderCommentsGiveTheHeadersDefaults) {
   auto trainer = header_defaults(header("trainer/trainer_options.h"));
   const auto plan = header_defaults(header("plan/plan_options.h"));
   trainer.insert(plan.begin(), plan.end());
-  const auto ddp = header_defaults(header("distributed/ddp_options.h"));
+  const auto ddp = header_defaults(header("distributed/ddp/ddp_options.h"));
   EXPECT_GE(trainer.size(), 33u);
   EXPECT_GE(ddp.size(), 8u);
   const std::map<std::string, std::string> described{{"process_group_backend", "gloo on CPU, nccl on CUDA"}};

@@ -13,7 +13,7 @@
 
 #include <lockstep/core/batch.h>
 #include <lockstep/data/data_loader.h>
-#include <lockstep/distributed/output_tensors.h>
+#include <lockstep/distributed/ddp/output_tensors.h>
 #include <lockstep/plan/grad_scaler.h>
 #include <lockstep/plan/precision.h>
 #include <lockstep/strategies/strategy.h>

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include <lockstep/checkpoint/sharded_checkpoint.h>
-#include <lockstep/distributed/sharding/fully_sharded.h>
-#include <lockstep/strategies/ddp_strategy.h>
+#include <lockstep/distributed/fsdp/fully_sharded.h>
+#include <lockstep/strategies/parallel_strategy.h>
 
 namespace lockstep {
 namespace strategies {
@@ -30,12 +30,13 @@ enum class StateDictType {
 /// "full" or "sharded" (case-insensitive); anything else throws UsageError listing them.
 StateDictType parse_state_dict_type(const std::string& name);
 
-/// Processes, launch and collectives as DDPStrategy; each module set up is wrapped in its own
-/// FullyShardedDataParallel. Gradients are reduced on every backward and accumulate in the
-/// shards, so accumulating batches (set_gradient_sync(false)) still communicate. Checkpoints
+/// Processes, launch and collectives as every ParallelStrategy (beside DDPStrategy); each module
+/// set up is wrapped in its own FullyShardedDataParallel. Gradients are reduced on every backward
+/// and accumulate in the shards, so accumulating batches still communicate (there is no
+/// set_gradient_sync(false) to skip it, as in PyTorch's FSDP without no_sync). Checkpoints
 /// (StateDictType): whole tensors gathered from every rank, which load in Python, in one process
 /// and in DDP (default); or sharded directories, each rank writing its pieces. Either resumes.
-class FSDPStrategy : public DDPStrategy {
+class FSDPStrategy : public ParallelStrategy {
  public:
   explicit FSDPStrategy(distributed::ShardingOptions options = {}, StateDictType state_dict_type = StateDictType::full);
 
@@ -43,8 +44,6 @@ class FSDPStrategy : public DDPStrategy {
   void teardown() override;
   torch::Tensor training_step(TrainingModule& module, Batch& batch, int64_t batch_idx) override;
   void before_evaluation_step() override;
-  void manual_backward(const torch::Tensor& loss) override { loss.backward(); }
-  void set_gradient_sync(bool enabled) override {}
 
   double clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm, double norm_type) override;
   /// clip_grad_norm with an infinite max_norm, which clips nothing.

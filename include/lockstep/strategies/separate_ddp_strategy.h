@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include <lockstep/distributed/separate_ddp.h>
+#include <lockstep/distributed/ddp/separate_ddp.h>
 #include <lockstep/strategies/ddp_strategy.h>
 
 namespace lockstep {

@@ -1,5 +1,5 @@
-#include <lockstep/distributed/collectives.h>
 #include <lockstep/core/error.h>
+#include <lockstep/distributed/collectives.h>
 
 #include <algorithm>
 #include <chrono>
@@ -15,7 +15,7 @@
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
-#include "sharding/equal_shards.h"
+#include "equal_shards.h"
 #include "wait_for.h"
 
 namespace lockstep {

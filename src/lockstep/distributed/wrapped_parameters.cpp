@@ -15,10 +15,11 @@ WrappedParameters::WrappedParameters(const torch::nn::Module& module, std::strin
 }
 
 void WrappedParameters::check(const torch::nn::Module& module) const {
-  const auto now = module.named_parameters();
+  const auto tensors = module.parameters();
   size_t k = 0;
-  while (k < now.size() && k < tensors_.size() && now[k].value().unsafeGetTensorImpl() == tensors_[k]) ++k;
-  if (k == now.size() && k == tensors_.size()) return;
+  while (k < tensors.size() && k < tensors_.size() && tensors[k].unsafeGetTensorImpl() == tensors_[k]) ++k;
+  if (k == tensors.size() && k == tensors_.size()) return;
+  const auto now = module.named_parameters();
   const std::string fix = " Register every parameter before wrapping the module (in its constructor; with the Trainer "
                           "or Fabric, before fit() or setup()), or wrap it again.";
   if (k == now.size()) {

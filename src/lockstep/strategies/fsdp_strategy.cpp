@@ -10,6 +10,7 @@
 #include <lockstep/checkpoint/optimizer_state.h>
 #include <lockstep/checkpoint/state_dict.h>
 #include <lockstep/core/error.h>
+#include <lockstep/core/heap.h>
 #include <lockstep/core/training_module.h>
 #include <lockstep/strategies/registry.h>
 
@@ -60,16 +61,15 @@ StateDictType parse_state_dict_type(const std::string& name) {
 }
 
 FSDPStrategy::FSDPStrategy(distributed::ShardingOptions options, StateDictType state_dict_type)
-    : DDPStrategy(distributed::DDPOptions(), "popen", "fsdp"),
+    : ParallelStrategy("popen", "fsdp"),
       options_(std::move(options)),
       state_dict_type_(state_dict_type) {}
 
 std::shared_ptr<WrappedModule> FSDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
   LOCKSTEP_CHECK(!context_.sync_batchnorm, UsageError,
                  "--sync-batchnorm true is not available with --strategy fsdp yet; use --strategy ddp for it.");
-  std::vector<int> device_ids;
-  if (context_.accelerator == accelerators::Accelerator::cuda) device_ids.push_back(root_device().index());
-  check_on_device(*module, device_ids);
+  check_on_device(*module, device_ids());
+  core::tune_heap_for_sharded_training();
   fsdp_ = std::make_shared<distributed::FullyShardedDataParallelBase>(module, process_group(), options_);
   all_.push_back(fsdp_);
   return std::make_shared<FSDPModule>(fsdp_);
@@ -78,7 +78,6 @@ std::shared_ptr<WrappedModule> FSDPStrategy::setup_module(const std::shared_ptr<
 void FSDPStrategy::teardown() {
   fsdp_.reset();
   all_.clear();
-  DDPStrategy::teardown();
 }
 
 torch::Tensor FSDPStrategy::training_step(TrainingModule& module, Batch& batch, int64_t batch_idx) {
@@ -136,7 +135,7 @@ c10::Dict<std::string, torch::Tensor> FSDPStrategy::module_state_dict(const torc
     for (const auto& item : state) state.insert_or_assign(item.key(), whole.at(item.key()));
     return state;
   }
-  return DDPStrategy::module_state_dict(module);
+  return Strategy::module_state_dict(module);
 }
 
 void FSDPStrategy::load_module_state_dict(torch::nn::Module& module, const c10::impl::GenericDict& state,
@@ -173,7 +172,7 @@ void FSDPStrategy::load_module_state_dict(torch::nn::Module& module, const c10::
     fsdp->load_full_state_dict(values, strict);
     return;
   }
-  DDPStrategy::load_module_state_dict(module, state, strict);
+  Strategy::load_module_state_dict(module, state, strict);
 }
 
 c10::impl::GenericDict FSDPStrategy::optimizer_state_dict(const torch::optim::Optimizer& optimizer) {
@@ -214,7 +213,7 @@ c10::impl::GenericDict FSDPStrategy::optimizer_state_dict(const torch::optim::Op
 void FSDPStrategy::load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::impl::GenericDict& state) {
   const auto params = parameters_of(optimizer);
   if (params.empty()) {
-    DDPStrategy::load_optimizer_state_dict(optimizer, state);
+    Strategy::load_optimizer_state_dict(optimizer, state);
     return;
   }
   auto& fsdp = wrapper_of(params.front(), "the optimizer");
@@ -245,7 +244,7 @@ void FSDPStrategy::load_optimizer_state_dict(torch::optim::Optimizer& optimizer,
     per_parameter.insert(entry.key(), values);
   }
   pieces.insert_or_assign("state", per_parameter);
-  DDPStrategy::load_optimizer_state_dict(optimizer, pieces);
+  Strategy::load_optimizer_state_dict(optimizer, pieces);
 }
 
 distributed::FullyShardedDataParallelBase::PieceInfo FSDPStrategy::locate(
@@ -292,7 +291,7 @@ void FSDPStrategy::save_checkpoint(const checkpoint::Checkpoint& state, const st
                                    const checkpoint::CheckpointIO& io,
                                    const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers) {
   if (!saves_pieces()) {
-    DDPStrategy::save_checkpoint(state, path, io, optimizers);
+    Strategy::save_checkpoint(state, path, io, optimizers);
     return;
   }
   const int rank = global_rank();
@@ -353,7 +352,7 @@ checkpoint::Checkpoint FSDPStrategy::load_checkpoint(
     const std::string& path, const checkpoint::CheckpointIO& io,
     const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers) {
   if (!saves_pieces() || !checkpoint::is_sharded_checkpoint(path)) {
-    return DDPStrategy::load_checkpoint(path, io, optimizers);  // the hooks cut whole tensors
+    return Strategy::load_checkpoint(path, io, optimizers);  // the hooks cut whole tensors
   }
   // Only this rank's pieces, in this world size's layout: resharding when the saver's differs.
   std::map<std::string, checkpoint::PieceRange> wanted;

@@ -1,7 +1,7 @@
 #include <lockstep/strategies/separate_ddp_strategy.h>
 
 #include <lockstep/core/training_module.h>
-#include <lockstep/distributed/sync_batchnorm.h>
+#include <lockstep/distributed/ddp/sync_batchnorm.h>
 #include <lockstep/strategies/registry.h>
 
 namespace lockstep {

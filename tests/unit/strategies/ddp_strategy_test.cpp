@@ -22,8 +22,8 @@
 #include <lockstep/data/data_loader.h>
 #include <lockstep/data/sampler.h>
 #include <lockstep/distributed/collectives.h>
+#include <lockstep/distributed/ddp/sync_batchnorm.h>
 #include <lockstep/distributed/distributed_error.h>
-#include <lockstep/distributed/sync_batchnorm.h>
 #include <lockstep/plan/connector.h>
 #include <lockstep/trainer/trainer_options.h>
 
@@ -162,7 +162,7 @@ TEST(DDPStrategyDevice, TheDefaultConfigureDdpRefusesAModuleOffItsDevice) {
 TEST(DDPStrategy, AStartMethodOtherThanPopenOrForkIsRefusedNamingBoth) {
   for (const std::string method : {"spawn", "forkserver", "Popen", ""}) {
     const auto message = testing::error_of([&] { strategies::DDPStrategy(distributed::DDPOptions(), method); });
-    EXPECT_NE(message.find("DDPStrategy start_method '" + method + "' is not one Lockstep has"), std::string::npos)
+    EXPECT_NE(message.find("ddp: start_method '" + method + "' is not one Lockstep has"), std::string::npos)
         << message;
     EXPECT_NE(message.find("use \"popen\" (re-executes the program for the other local ranks, the default) or "
                            "\"fork\"."),

@@ -1,0 +1,46 @@
+// The heap tuning sharded training asks for (core/heap.h), with glibc.
+#include <lockstep/core/heap.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+namespace lockstep {
+namespace core {
+namespace {
+
+#ifdef __GLIBC__
+// Once tuned, a freed block of 8 MiB or more goes back to the system, even after a
+// larger block was freed: glibc alone would raise its mmap threshold to that block's size and
+// serve the next 8 MiB blocks from the heap, where they stay resident after they are freed.
+TEST(Heap, BlocksOfEightMiBStayMappedAfterALargerBlockIsFreed) {
+  tune_heap_for_sharded_training();
+  at::empty({6 << 20}, at::kFloat).fill_(1);  // 24 MiB, mapped, freed
+  const size_t mapped_before = mallinfo2().hblkhd;
+  auto block = at::empty({2 << 20}, at::kFloat);  // 8 MiB
+  EXPECT_GE(mallinfo2().hblkhd, mapped_before + (8u << 20)) << "an 8 MiB block came from the heap";
+}
+
+// ... while the heap keeps its free top (up to 16 MiB, as glibc does behind an 8 MiB threshold):
+// with a fixed mmap threshold alone glibc would trim it at 128 KiB, and every step would fault
+// the top of the heap in again.
+TEST(Heap, TheHeapKeepsAFreedBlockBelowEightMiB) {
+  tune_heap_for_sharded_training();
+  void* block = std::malloc(2 << 20);  // from the top of the heap
+  ASSERT_NE(block, nullptr);
+  std::memset(block, 1, 2 << 20);
+  const size_t held = mallinfo2().arena;
+  std::free(block);
+  EXPECT_EQ(mallinfo2().arena, held) << "the heap's free top went back to the system";
+}
+#endif
+
+}  // namespace
+}  // namespace core
+}  // namespace lockstep
