@@ -11,6 +11,7 @@
 #include <lockstep/callbacks/progress_bar.h>
 #include <lockstep/callbacks/simple_profiler.h>
 #include <lockstep/checkpoint/checkpoint_io.h>
+#include <lockstep/checkpoint/key_map.h>
 #include <lockstep/checkpoint/optimizer_state.h>
 #include <lockstep/checkpoint/state_dict.h>
 #include <lockstep/cli/guarded_main.h>
