@@ -24,7 +24,7 @@ enum Op : unsigned char {
 constexpr int kMaxDepth = 100;
 constexpr uint64_t kMaxGlobalName = 1024;
 
-enum class Kind { mark, none, scalar, dict, ordered_dict, list, tuple, empty_tuple, function, ordered_dict_class, object };
+enum class Kind { none, scalar, dict, ordered_dict, list, tuple, empty_tuple, function, ordered_dict_class, object };
 
 // What a stack or memo entry holds, as far as the rewrite needs to know.
 struct Node {
