@@ -50,6 +50,18 @@ torch.save({"model": net.state_dict(), "epoch": 3, "lr": 0.25, "big": 2**40, "ne
             "name": "mlp", "flags": [True, None], "one": {"t": torch.arange(3)},
             "deep": {"a": {"b": {"c": torch.eye(2, dtype=torch.float64)}}}, "pair": (1, "x"),
             "view": torch.arange(10.)[2:8:2], "tied_a": shared, "tied_b": shared}, d + "/nested.pt")
+import re, zipfile
+def rewritten(name, pattern, replacement):
+    source = zipfile.ZipFile(d + "/state_dict.pt")
+    with zipfile.ZipFile(d + "/" + name, "w") as out:
+        for record in source.namelist():
+            data = source.read(record)
+            if record.endswith("data.pkl"):
+                data = re.sub(pattern, replacement, data, count=1, flags=re.S)
+            out.writestr(record, data)
+# 0.weight's storage says 255 floats (its record holds 32); its view starts at float 16 of 32.
+rewritten("lying_storage.pt", rb"(X\x03\x00\x00\x00cpuq.)K.", lambda m: m.group(1) + b"K\xff")
+rewritten("lying_view.pt", rb"QK\x00", lambda m: b"QK\x10")
 print("version", torch.__version__)
 )";
 
@@ -203,6 +215,16 @@ TEST(TorchFile, ShapeDifferencesAreListedInOneMessage) {
       EXPECT_NE(message.find(part), std::string::npos) << message;
     }
   }
+}
+
+// Valid CRC32s around a pickle that lies about a tensor: refused before any tensor is read.
+TEST(TorchFile, AStorageOrViewBeyondItsStoredBytesIsDamaged) {
+  SKIP_WITHOUT_PYTHON_TORCH();
+  const std::string storage = load_error(python_files() / "lying_storage.pt");
+  EXPECT_NE(storage.find("is damaged: a tensor storage claims 1020 bytes and its record holds 128"), std::string::npos)
+      << storage;
+  const std::string view = load_error(python_files() / "lying_view.pt");
+  EXPECT_NE(view.find("is damaged: a tensor's sizes and strides reach past its storage"), std::string::npos) << view;
 }
 
 }  // namespace torch_file_test
