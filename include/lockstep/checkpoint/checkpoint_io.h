@@ -47,10 +47,15 @@ class CheckpointIO {
   /// temporary file is removed, and an IoError names the path, the step that failed and the OS's reason.
   virtual void save(const c10::IValue& checkpoint, const std::string& path) const;
 
-  /// Reads a checkpoint written by save(). The zip records' CRC32s are verified (LibTorch's
-  /// reader does not), so a damaged file is an error, not silently wrong weights. Throws
-  /// UsageError naming `path`, what is wrong with it and what to do, for a missing or unreadable
-  /// file, a truncated or corrupt one, and one that is not a checkpoint dict.
+  /// Reads a checkpoint written by save(), or any dict that Python's torch.save wrote (torch 1.13
+  /// and 2.x, default protocol): `torch.save(model.state_dict(), path)` (an OrderedDict; its
+  /// `_metadata` is dropped), plain and nested dicts, lists and tuples of tensors, numbers and
+  /// strings. Tensors load onto the CPU, as torch.load(map_location="cpu"). The zip records'
+  /// CRC32s are verified (LibTorch's reader does not), so a damaged file is an error, not
+  /// silently wrong weights. Throws UsageError naming `path`, what is wrong with it and what to
+  /// do, for a missing or unreadable file, a truncated or corrupt one, one that is not a dict,
+  /// and a pickled Python object (torch.save(model) of a whole nn.Module, an nn.Parameter, any
+  /// other class: save model.state_dict() instead).
   virtual Checkpoint load(const std::string& path) const;
 
   /// Deletes the checkpoint at `path` (a file, or a sharded checkpoint's directory with all it

@@ -22,6 +22,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <lockstep/checkpoint/checkpoint_io.h>
+#include <lockstep/checkpoint/key_map.h>
 #include <lockstep/data/data_loader.h>
 #include <lockstep/data/dataset.h>
 #include <lockstep/distributed/collectives.h>
@@ -265,9 +266,15 @@ class Fabric {
   c10::impl::GenericDict load(const std::string& path, FabricState& state, bool strict = true);
   /// The whole checkpoint at `path`, restoring nothing.
   c10::impl::GenericDict load(const std::string& path);
-  /// Loads a file that holds only `target`'s own state (a module's state_dict or an optimizer's,
-  /// as torch.save(model.state_dict()) writes) into `target`, a module or an optimizer.
-  void load_raw(const std::string& path, const StateEntry& target, bool strict = true);
+  /// Loads a file that holds only `target`'s own state (a module's state_dict or an optimizer's)
+  /// into `target`, a module or an optimizer: what Python's torch.save(model.state_dict(), path)
+  /// writes, from torch 1.13 or 2.x, as well as what Lockstep saves. `keys` renames a module's
+  /// names first (KeyMap().rename_prefix("model.", "") for weights saved from a LightningModule's
+  /// `self.model`); names or shapes that still differ are one UsageError listing them all, and
+  /// without `strict` missing and unexpected names are skipped.
+  ///   fabric.load_raw("weights.pt", model, true, checkpoint::KeyMap().rename_prefix("model.", ""));
+  void load_raw(const std::string& path, const StateEntry& target, bool strict = true,
+                const checkpoint::KeyMap& keys = {});
 
   /// Seeds every random generator (core/seed.h) with `seed`.
   void seed_everything(uint64_t seed);

@@ -134,6 +134,9 @@ class Trainer : public TrainerView {
                const std::shared_ptr<DataLoader>& val);
   void setup(const std::shared_ptr<TrainingModule>& module);
   void check_resume_source();
+  /// --init-weights: the file read before launch, then loaded into the module before it is set up.
+  void check_init_weights_source();
+  void load_init_weights();
   void record_resume(const std::string& path, const std::string& origin) const;
   std::string why_nothing_trained(int64_t epoch, int64_t max_epochs) const;
   void attach_sampler(DataLoader& loader, bool shuffle);
@@ -167,6 +170,7 @@ class Trainer : public TrainerView {
   std::vector<std::shared_ptr<Logger>> loggers_;
   std::shared_ptr<checkpoint::CheckpointIO> checkpoint_io_;
   std::optional<checkpoint::Checkpoint> early_checkpoint_;  // --ckpt-path, read before launch
+  std::optional<c10::impl::GenericDict> init_weights_;      // --init-weights, read before launch
   bool loggers_set_by_user_ = false;
   std::string log_dir_;
 

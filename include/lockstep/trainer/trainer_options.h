@@ -39,6 +39,18 @@ struct TrainerOptions : PlanOptionsOf<TrainerOptions> {
   TORCH_ARG(std::string, default_root_dir) = ".";
   /// Checkpoint to resume from, or "last". Default: "" (start fresh).
   TORCH_ARG(std::string, ckpt_path) = "";
+  /// Weights to start from, loaded into the module before fit (validate, test, predict) sets it
+  /// up, as `model.load_state_dict(torch.load(path))` before Lightning's fit: a file of Python's
+  /// torch.save(model.state_dict(), path), or a checkpoint whose "state_dict" is taken. Only the
+  /// weights, unlike ckpt_path, which resumes a whole run (and restores over these). Default: "".
+  TORCH_ARG(std::string, init_weights) = "";
+  /// KeyMap rules for init_weights' names, "FROM=TO" separated by commas: "model.=" strips the
+  /// prefix "model." (checkpoint/key_map.h). Default: "" (names as they are).
+  TORCH_ARG(std::string, init_weights_rename) = "";
+  /// Every name of the module and of init_weights must match; false leaves the module's
+  /// missing names at their initial values and skips the file's extra ones (shapes must still
+  /// match). Default: true.
+  TORCH_ARG(bool, init_weights_strict) = true;
   /// Fraction (0.25) or count (10) of training batches per epoch. Default: 1.0.
   TORCH_ARG(BatchLimit, limit_train_batches) = 1.0;
   /// Fraction or count of validation batches. Default: 1.0.

@@ -13,10 +13,10 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickler.h>
-#include <torch/serialize.h>
 
 #include <lockstep/core/error.h>
 
+#include "torch_file.h"
 #include "zip_check.h"
 
 namespace lockstep {
@@ -146,7 +146,7 @@ std::vector<char> serialize(const c10::IValue& checkpoint) {
 
 [[noreturn]] void damaged(const std::string& path, const std::string& why) {
   throw UsageError("checkpoint '" + path + "' is damaged: " + why +
-                   ". It cannot be resumed from; pass an earlier checkpoint instead (--ckpt-path PATH).");
+                   ". It cannot be loaded: pass an earlier checkpoint (--ckpt-path PATH), or write the file again.");
 }
 
 std::vector<char> read_file(const std::string& path) {
@@ -208,15 +208,10 @@ void CheckpointIO::save(const c10::IValue& checkpoint, const std::string& path) 
 Checkpoint CheckpointIO::load(const std::string& path) const {
   const std::vector<char> bytes = read_file(path);
   check_format(path, bytes);
-  c10::IValue value;
-  try {
-    value = torch::pickle_load(bytes);
-  } catch (const c10::Error& e) {
-    not_a_checkpoint(path, std::string("LibTorch cannot unpickle it (") + e.what_without_backtrace() +
-                               "); Lockstep reads the checkpoints it wrote, not arbitrary torch.save files");
-  } catch (const std::exception& e) {
-    not_a_checkpoint(path, std::string("LibTorch cannot unpickle it (") + message_of(e) + ")");
-  }
+  const detail::TorchFile file = detail::read_torch_file(bytes);
+  if (file.damaged) damaged(path, file.problem);
+  if (!file.problem.empty()) throw UsageError("'" + path + "' " + file.problem + ".");
+  const c10::IValue& value = file.value;
   if (!value.isGenericDict()) not_a_checkpoint(path, "it holds a " + value.type()->str() + ", not a dict");
   for (const auto& entry : value.toGenericDict()) {
     if (!entry.key().isString()) not_a_checkpoint(path, "its dict has a non-string key (" + entry.key().type()->str() + ")");

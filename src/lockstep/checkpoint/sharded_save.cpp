@@ -3,6 +3,7 @@
 #include <lockstep/checkpoint/sharded_checkpoint.h>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>

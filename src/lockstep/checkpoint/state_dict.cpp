@@ -4,6 +4,8 @@
 
 #include <lockstep/core/error.h>
 
+#include "prefix_rule.h"
+
 namespace lockstep {
 namespace checkpoint {
 namespace {
@@ -30,6 +32,21 @@ std::string list(const std::vector<std::string>& items) {
   for (size_t i = 0; i < items.size() && i < kShown; ++i) s += (i ? ", " : "") + items[i];
   if (items.size() > kShown) s += ", ... (" + std::to_string(items.size() - kShown) + " more)";
   return s;
+}
+
+// The one message for every way a state_dict and a model differ, with the KeyMap rule that
+// would reconcile the names when one explains them all.
+std::string mismatch_message(const std::vector<std::string>& problems, const LoadStateDictResult& keys) {
+  std::string message = "the state_dict does not match the model (";
+  for (size_t i = 0; i < problems.size(); ++i) message += (i ? "; " : "") + problems[i];
+  const auto [from, to] = detail::suggest_prefix_rule(keys.unexpected_keys, keys.missing_keys);
+  if (!from.empty() || !to.empty()) {
+    return message + "). Its names differ from the model's by a prefix: map them with KeyMap().rename_prefix(\"" +
+           from + "\", \"" + to + "\") (the Trainer's --init-weights-rename '" + from + "=" + to + "').";
+  }
+  return message +
+         "). It was saved from a different model: load a checkpoint of this model, build the model with the same "
+         "layers and names, map the names with a KeyMap, or pass strict=false to skip missing and unexpected keys.";
 }
 
 }  // namespace
@@ -66,13 +83,7 @@ LoadStateDictResult load_state_dict(torch::nn::Module& module, const c10::impl::
   }
   if (strict && !result.missing_keys.empty()) problems.push_back("missing keys: " + list(result.missing_keys));
   if (strict && !result.unexpected_keys.empty()) problems.push_back("unexpected keys: " + list(result.unexpected_keys));
-  if (!problems.empty()) {
-    std::string message = "the state_dict does not match the model (";
-    for (size_t i = 0; i < problems.size(); ++i) message += (i ? "; " : "") + problems[i];
-    throw UsageError(message +
-                     "). It was saved from a different model: load a checkpoint of this model, build the model "
-                     "with the same layers and names, or pass strict=false to skip missing and unexpected keys.");
-  }
+  if (!problems.empty()) throw UsageError(mismatch_message(problems, result));
   torch::NoGradGuard no_grad;
   for (const auto& entry : targets) {
     if (state.contains(entry.key())) entry.value().copy_(state.at(entry.key()).toTensor());

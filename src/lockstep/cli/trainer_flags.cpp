@@ -227,6 +227,12 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
   add(g, "--deterministic", o.deterministic(), "true|false: deterministic algorithms only");
   add(g, "--default-root-dir", o.default_root_dir(), "where logs and checkpoints go");
   add(g, "--ckpt-path", o.ckpt_path(), "checkpoint to resume from, or 'last'");
+  add(g, "--init-weights", o.init_weights(),
+      "weights to start from (Python's torch.save(model.state_dict(), path)); not a resume, see --ckpt-path");
+  add(g, "--init-weights-rename", o.init_weights_rename(),
+      "FROM=TO,...: rename prefixes of --init-weights' names ('model.=' strips model.)");
+  add(g, "--init-weights-strict", o.init_weights_strict(),
+      "true|false: every name must match (false skips missing and extra names)");
   add_limit(g, "--limit-train-batches", o.limit_train_batches(), "fraction (0.25) or count (10) of training batches");
   add_limit(g, "--limit-val-batches", o.limit_val_batches(), "fraction or count of validation batches");
   add_limit(g, "--limit-test-batches", o.limit_test_batches(), "fraction or count of test batches");

@@ -341,11 +341,12 @@ c10::impl::GenericDict Fabric::load(const std::string& path) {
   return checkpoint_io_->load(path);
 }
 
-void Fabric::load_raw(const std::string& path, const StateEntry& target, bool strict) {
+void Fabric::load_raw(const std::string& path, const StateEntry& target, bool strict, const checkpoint::KeyMap& keys) {
   LOCKSTEP_CHECK(target.module() || target.optimizer(), UsageError, "Fabric::load_raw(\"", path, "\"): the target ",
                  "is a value; load_raw restores a module or an optimizer. Use load(path) for the whole file.");
   StateEntry entry = target;
-  restore(strategy(), path, "the file", c10::IValue(load(path)), entry, strict);
+  const auto file = load(path);
+  restore(strategy(), path, "the file", c10::IValue(target.module() ? keys.apply(file) : file), entry, strict);
 }
 
 void Fabric::seed_everything(uint64_t seed) { lockstep::seed_everything(seed); }

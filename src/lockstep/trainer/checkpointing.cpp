@@ -1,5 +1,7 @@
-// The Trainer's checkpoints: the state it saves, save_checkpoint, and resuming from --ckpt-path
-// (checked before anything is created, "last" found, the origin recorded, the state restored).
+// The Trainer's checkpoints: the state it saves, save_checkpoint, resuming from --ckpt-path
+// (checked before anything is created, "last" found, the origin recorded, the state restored),
+// and the weights of --init-weights.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -8,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <lockstep/checkpoint/checkpoint_io.h>
+#include <lockstep/checkpoint/key_map.h>
 #include <lockstep/checkpoint/optimizer_state.h>
 #include <lockstep/checkpoint/sharded_checkpoint.h>
 #include <lockstep/checkpoint/state_dict.h>
@@ -142,6 +145,52 @@ void Trainer::check_resume_source() {
   // elsewhere): a first run, or one restarted before it saved, finds none and starts afresh.
 }
 
+void Trainer::check_init_weights_source() {
+  // Read before a rank is launched, as --ckpt-path: a bad file or rule is one message, once.
+  try {
+    checkpoint::KeyMap::parse(options_.init_weights_rename());
+  } catch (const UsageError& e) {
+    throw UsageError("--init-weights-rename: " + message_of(e));
+  }
+  const std::string& path = options_.init_weights();
+  if (path.empty()) return;
+  const std::string flag = "--init-weights " + path + ": ";
+  std::error_code ignored;
+  if (!std::filesystem::is_regular_file(path, ignored)) {
+    throw UsageError(flag + "no such file. Pass the file that Python's torch.save(model.state_dict(), path) wrote, "
+                     "or a checkpoint.");
+  }
+  try {
+    const auto file = checkpoint_io_->load(path);
+    // A checkpoint (Lockstep's, or a dict that holds a "state_dict" and no tensors of its own)
+    // gives its weights.
+    const bool tensors = std::any_of(file.begin(), file.end(), [](const auto& entry) { return entry.value().isTensor(); });
+    const bool nested = file.contains("state_dict") && file.at("state_dict").isGenericDict();
+    init_weights_ = nested && !tensors ? file.at("state_dict").toGenericDict() : file;
+  } catch (const UsageError& e) {
+    throw UsageError(flag + message_of(e));
+  }
+}
+
+void Trainer::load_init_weights() {
+  if (!init_weights_) return;
+  const std::string flag = "--init-weights " + options_.init_weights() + ": ";
+  const auto keys = checkpoint::KeyMap::parse(options_.init_weights_rename());
+  checkpoint::LoadStateDictResult result;
+  try {
+    result = checkpoint::load_state_dict(*module_, keys.apply(*init_weights_), options_.init_weights_strict());
+  } catch (const UsageError& e) {
+    throw UsageError(flag + message_of(e));
+  }
+  init_weights_.reset();
+  if (!plan_.strategy->is_global_zero()) return;
+  if (!result.missing_keys.empty() || !result.unexpected_keys.empty()) {
+    std::cerr << "lockstep: " << flag << "--init-weights-strict false left " << result.missing_keys.size()
+              << " of the module's names at their initial values and skipped " << result.unexpected_keys.size()
+              << " names of the file.\n";
+  }
+}
+
 bool Trainer::restore(const std::string& ckpt_path) {
   std::string path = ckpt_path;
   // This run has a new version folder: the newest last.ckpt beside it.
@@ -162,6 +211,11 @@ bool Trainer::restore(const std::string& ckpt_path) {
                   ? *early_checkpoint_
                   : plan_.strategy->load_checkpoint(path, *checkpoint_io_, optimizer_config_.optimizers);
   early_checkpoint_.reset();
+  const bool weights_only = !ckpt.contains("state_dict") && ckpt.size() > 0 &&
+                            std::all_of(ckpt.begin(), ckpt.end(), [](const auto& entry) { return entry.value().isTensor(); });
+  LOCKSTEP_CHECK(!weights_only, UsageError, "--ckpt-path ", path, " holds only tensors by name (a state_dict, as ",
+                 "torch.save(model.state_dict(), path) writes), not a run to resume. To start from these weights, use ",
+                 "--init-weights ", path, " instead.");
   checkpoint::require_keys(ckpt, {"state_dict", "optimizer_states", "epoch", "global_step", "loops"}, path);
   // A checkpoint of something else may have the keys but not their contents: LibTorch's type
   // errors become one message naming the key and what it should hold.

@@ -152,6 +152,7 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
   if (!module) throw UsageError("Trainer: the module is null; pass a std::shared_ptr to your TrainingModule.");
   if (!set_up_) {
     check_resume_source();
+    check_init_weights_source();
     LOCKSTEP_CHECK(options_.accumulate_grad_batches() >= 1, UsageError, "--accumulate-grad-batches ",
                    options_.accumulate_grad_batches(), ": use 1 or more.");
     core::warn_if_reference_blas();
@@ -180,6 +181,7 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
   if (module_ == module) return;
   module_ = module;
   attach(*module_, this);
+  load_init_weights();  // into the whole module, before a strategy wraps or shards it
   plan_.strategy->module_to_device(*module_);
   plan_.precision.convert_module(*module_);
   plan_.strategy->setup_module(module_);

@@ -1,0 +1,27 @@
+#pragma once
+// Reading a torch.save zip archive (Python's, or LibTorch's torch::pickle_save and Lockstep's) with
+// LibTorch's own unpickler, after rewrite_torch_pickle has made its pickle readable and safe.
+
+#include <string>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+
+namespace lockstep {
+namespace checkpoint {
+namespace detail {
+
+struct TorchFile {
+  c10::IValue value;     ///< what torch.save saved, when `problem` is empty
+  std::string problem;   ///< damaged: why ("a tensor storage claims ..."); else a clause ("holds a pickled ...")
+  bool damaged = false;  ///< malformed rather than content Lockstep refuses
+};
+
+/// The value in `bytes` (a zip archive that check_zip accepted). Every tensor is loaded onto the
+/// CPU (as torch.load(map_location="cpu")) and checked to lie inside the record that holds its
+/// storage, so that no tensor of a lying file reads past its bytes.
+TorchFile read_torch_file(const std::vector<char>& bytes);
+
+}  // namespace detail
+}  // namespace checkpoint
+}  // namespace lockstep
