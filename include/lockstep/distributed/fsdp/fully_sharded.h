@@ -5,17 +5,14 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
-#include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
-#include <lockstep/distributed/comm/shard_transport.h>
 #include <lockstep/distributed/fsdp/flat_layout.h>
 #include <lockstep/distributed/fsdp/sharding_options.h>
 #include <lockstep/distributed/process_group.h>
@@ -24,7 +21,11 @@
 namespace lockstep {
 namespace distributed {
 namespace detail {
-class CommThread;
+class CommContext;
+class ForwardOrder;
+class ReplacedChild;
+class ShardedUnit;
+struct ShardingPlan;
 }  // namespace detail
 
 /// The module-type-independent part of FullyShardedDataParallel.
@@ -123,10 +124,10 @@ class FullyShardedDataParallelBase {
   ProcessGroup& group() const { return group_; }
   /// The ranks that shard the parameters among them: group(), or with HYBRID_SHARD this rank's
   /// group of ShardingOptions::hybrid_shard_size ranks.
-  ProcessGroup& shard_group() const { return *shard_group_; }
+  ProcessGroup& shard_group() const;
   const ShardingOptions& options() const { return options_; }
   /// How many units the module was split into (1: only the root).
-  size_t unit_count() const { return units_.size(); }
+  size_t unit_count() const;
   /// Why reduce-scatters and all-gathers do not go through shared memory ("" when they do).
   const std::string& why_not_shared_memory() const { return why_not_shared_memory_; }
   /// The layout of unit `index` (0 is the root).
@@ -137,64 +138,36 @@ class FullyShardedDataParallelBase {
   void after_unit_forward(size_t unit, const at::Tensor& output);
 
  private:
-  struct Unit;
-  void make_hybrid_groups();
   void build_units();
-  void shard(Unit& unit);
-  void gather(Unit& unit);
-  /// Waits for a gather of `unit` in flight (none: returns at once).
-  void wait_gathered(Unit& unit);
-  /// Starts gathering `unit` on the communication thread, unless it is gathered or on its way.
-  void prefetch(Unit& unit);
-  void reshard(Unit& unit);
-  /// Points the unit's parameters at their whole values (in `full`) or at this rank's pieces.
-  void show(Unit& unit, bool whole);
   /// Waits for everything on the communication thread (before collectives of the training thread).
-  void settle();
+  void drain();
   void check_every_rank_forwards(bool training);
   void begin_backward();
-  void set_aside(Unit& unit, size_t index);
-  void before_gradient(size_t parameter);
-  void on_gradient(size_t parameter);
+  void before_gradient(size_t unit, size_t k);
+  void on_gradient(size_t unit, size_t k);
   void reduce_ready_units();
-  void reduce(Unit& unit);
-  void finish_backward();
-  /// For each of where_: whether any rank's backward gave it a gradient (a collective).
+  void finalize_backward();
+  /// For each parameter of the units, in order: whether any rank's backward gave it a gradient
+  /// (a collective).
   std::vector<bool> used_on_any_rank();
-  void learn_forward_order();
-  [[noreturn]] void fail(const std::string& message);
+  /// Where each of parameters() is: (unit, index in unit), or unit SIZE_MAX for one not sharded.
+  std::vector<std::pair<size_t, size_t>> located(const std::vector<at::Tensor>& parameters) const;
 
   std::shared_ptr<torch::nn::Module> module_;
   ProcessGroup& group_;
   ShardingOptions options_;
-  ProcessGroup* shard_group_;                      // group_, or with HYBRID_SHARD a subgroup
-  std::shared_ptr<ProcessGroup> own_shard_group_;  // that subgroup
+  std::unique_ptr<const detail::ShardingPlan> plan_;  // what options_.sharding_strategy() means
+  std::shared_ptr<ProcessGroup> own_shard_group_;  // HYBRID_SHARD: this rank's group
   std::shared_ptr<ProcessGroup> replica_group_;    // HYBRID_SHARD: the ranks holding the same shards
-  std::shared_ptr<ShardTransport> transport_;
-  std::vector<std::unique_ptr<Unit>> units_;
-  std::vector<std::pair<size_t, size_t>> where_;  // parameter -> (unit, index in unit)
-  /// Where each of parameters() is: (unit, index in unit), or unit SIZE_MAX for one not sharded.
-  std::vector<std::pair<size_t, size_t>> located(const std::vector<at::Tensor>& parameters) const;
-  // std::shared_ptr in LibTorch 1.x, c10::intrusive_ptr in 2.x.
-  using Accumulator = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
-  std::vector<Accumulator> accumulators_;
-  std::vector<uintptr_t> hook_keys_;
-  std::vector<const void*> pre_hooks_;  // ours, one per accumulator, removed on destruction
-  std::vector<size_t> reduce_order_;  // units in the order their gradients are reduced
-  // Child units in the order the first training forward ran them; prefetches follow it.
-  std::vector<size_t> forward_order_;
-  bool forward_order_known_ = false;
-  std::vector<size_t> next_in_forward_, previous_in_forward_;  // unit -> unit, SIZE_MAX for none
-  mutable std::mutex times_mutex_;
-  CommTimes times_;
-  size_t next_reduced_ = 0;
+  std::unique_ptr<detail::CommContext> comm_;
+  std::vector<std::unique_ptr<detail::ShardedUnit>> units_;  // 0 is the root unit
+  std::vector<std::unique_ptr<detail::ReplacedChild>> replaced_;
+  std::unique_ptr<detail::ForwardOrder> order_;
+  size_t next_reduced_ = 0;  // units_ reduced in this backward, in order_'s reduce order
   bool in_backward_ = false;
   bool forward_prepared_ = false;  // a training forward went through the wrapper
   std::string why_not_shared_memory_;
   WrappedParameters wrapped_;  // refuses parameters registered after wrapping
-  std::string error_;  // a failure inside backward, rethrown by the next call
-  // Last: destroyed first, finishing its queue while the units and the transport still exist.
-  std::unique_ptr<detail::CommThread> comm_;
 };
 
 /// Sharded data-parallel training of a module of type `ModuleType` (the Impl class, or
