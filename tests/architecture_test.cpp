@@ -1,4 +1,4 @@
-// Three rules of the source tree, each with a self-test on a synthetic tree:
+// Four rules of the source tree, each with a self-test on a synthetic tree:
 // - The folders of include/lockstep and src/lockstep depend one way: a folder includes only folders
 //   of lower layers (docs/architecture.md draws them). Every `#include <lockstep/...>` and every
 //   `#include "..."` (resolved beside the including file, then under include/ and src/) is read; an
@@ -7,6 +7,8 @@
 //   std:: or c10:: exception built in place, TORCH_CHECK, or a LOCKSTEP_CHECK of a foreign class
 //   fails, naming the file and the line.
 // - Every option a user sets is read by some code (an option nothing reads does nothing).
+// - No file under src/ or include/ is over 600 lines, and no function body there over 60; each
+//   offender is named with its length.
 // And one check without a synthetic tree: every TrainerOptions and PlanOptions field takes its
 // LOCKSTEP_TRAINER_* variable (deleting a line of apply_trainer_variables fails it).
 #include <gtest/gtest.h>
@@ -645,6 +647,337 @@ TEST(Architecture, EveryTrainerOptionTakesItsVariable) {
     }
   }
   EXPECT_GE(fields, 33);
+}
+
+// --- Short files and functions ----------------------------------------------------------------
+
+// A file longer than this is several concepts in one; split it along them (STYLE.md, 2 and 12).
+constexpr int kMaxFileLines = 600;
+// A function body longer than this is several steps; extract them, each with a name.
+constexpr int kMaxFunctionLines = 60;
+
+// Every file under src/ and include/: its path on disk and as shown ("src/lockstep/core/x.cpp").
+std::vector<std::pair<fs::path, std::string>> tree_files(const fs::path& root) {
+  std::vector<std::pair<fs::path, std::string>> files;
+  for (const char* top : {"include", "src"}) {
+    if (!fs::exists(root / top)) continue;
+    for (const auto& entry : fs::recursive_directory_iterator(root / top)) {
+      if (entry.is_regular_file()) files.emplace_back(entry.path(), fs::relative(entry.path(), root).generic_string());
+    }
+  }
+  std::sort(files.begin(), files.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+  return files;
+}
+
+// One line per file over `limit` lines: "src/lockstep/x.cpp: 960 lines, over 600; split it ...".
+std::vector<std::string> long_files(const fs::path& root, int limit) {
+  std::vector<std::string> offenders;
+  for (const auto& [path, shown] : tree_files(root)) {
+    std::ifstream in(path);
+    int lines = 0;
+    for (std::string line; std::getline(in, line);) ++lines;
+    if (lines <= limit) continue;
+    offenders.push_back(shown + ": " + std::to_string(lines) + " lines, over " + std::to_string(limit) +
+                        "; split it into files of one concept each");
+  }
+  return offenders;
+}
+
+TEST(Architecture, NoSourceFileIsOver600Lines) {
+  const auto offenders = long_files(LOCKSTEP_SOURCE_DIR, kMaxFileLines);
+  for (const auto& offender : offenders) ADD_FAILURE() << offender;
+  EXPECT_TRUE(offenders.empty());
+}
+
+// The check names each file over the limit with its line count, and passes one at the limit,
+// under src/ and include/ alike (not only their lockstep/ folders).
+TEST(Architecture, AFileOverTheLimitIsNamed) {
+  testing::TempDir dir("lockstep_long_files");
+  const fs::path root = dir.path();
+  const auto lines = [](int n) {
+    std::string text;
+    for (int i = 0; i < n; ++i) text += "int x" + std::to_string(i) + " = 0;\n";
+    return text;
+  };
+  write(root / "src/lockstep/core/at_the_limit.cpp", lines(20));
+  write(root / "src/lockstep/core/long.cpp", lines(21));
+  write(root / "include/lockstep/data/long.h", lines(35) + "int unterminated = 0;");
+  write(root / "src/other/long.cpp", lines(40));
+  write(root / "tools/long.cpp", lines(100));  // outside src/ and include/
+  EXPECT_EQ(long_files(root, 20), (std::vector<std::string>{
+                                      "include/lockstep/data/long.h: 36 lines, over 20; split it into files of one "
+                                      "concept each",
+                                      "src/lockstep/core/long.cpp: 21 lines, over 20; split it into files of one "
+                                      "concept each",
+                                      "src/other/long.cpp: 40 lines, over 20; split it into files of one concept each",
+                                  }));
+}
+
+// A function body found by scanning the code (code_of: no comments, empty literals) for braces.
+struct FunctionBody {
+  std::string name;  // "Trainer::restore", "operator()"
+  int line = 0;      // of its '{'
+  int lines = 0;     // from its '{' to its '}', both counted
+};
+
+// What a '{' at namespace or class level opens, told by the text before it there (its head).
+enum class Opens { scope, function, constructor, other };
+
+// The index of the ')' that closes the '(' at `open`, or npos.
+size_t closing_paren(const std::string& text, size_t open) {
+  int depth = 0;
+  for (size_t i = open; i < text.size(); ++i) {
+    depth += text[i] == '(' ? 1 : text[i] == ')' ? -1 : 0;
+    if (depth == 0) return i;
+  }
+  return std::string::npos;
+}
+
+// The head without what may lead it: access specifiers, `template <...>`, attributes, alignas.
+std::string head_proper(std::string head) {
+  static const std::regex lead(R"(^\s*(?:(?:public|protected|private)\s*:(?!:)|\[\[[^\]]*\]\]|alignas\s*\([^)]*\)))");
+  for (std::smatch match; std::regex_search(head, match, lead);) head.erase(0, static_cast<size_t>(match.length(0)));
+  head.erase(0, head.find_first_not_of(" \t\n"));
+  if (head.rfind("template", 0) == 0 && head.find('<') != std::string::npos) {
+    int angles = 0, parens = 0;  // a '>' in parentheses compares: enable_if_t<(sizeof...(T) > 1)>
+    for (size_t i = head.find('<'); i < head.size(); ++i) {
+      parens += head[i] == '(' ? 1 : head[i] == ')' ? -1 : 0;
+      if (parens == 0) angles += head[i] == '<' ? 1 : head[i] == '>' ? -1 : 0;
+      if (angles == 0) return head_proper(head.substr(i + 1));
+    }
+  }
+  return head;
+}
+
+// The first '(' of `head` that opens a parameter list: after a name, not decltype's or noexcept's.
+size_t parameters_open(const std::string& head) {
+  static const std::regex not_a_name(R"((?:^|\W)(?:decltype|alignas|noexcept|sizeof)\s*$)");
+  for (size_t open = head.find('('); open != std::string::npos; open = head.find('(', open + 1)) {
+    if (!std::regex_search(head.substr(0, open), not_a_name)) return open;
+    open = closing_paren(head, open);
+    if (open == std::string::npos) return open;
+  }
+  return std::string::npos;
+}
+
+// What the head of a '{' at namespace or class level makes it open; `name` is set for a function.
+// A namespace, extern "C" or class is a scope (functions are looked for in it); a function or
+// constructor has a parameter list followed by qualifiers only, or by a member-initializer list;
+// anything else (an enum, an initializer `= {`, a lambda in one, a brace-initialized variable)
+// is neither, and the braces in it are not looked into.
+Opens classify_head(const std::string& raw, std::string& name) {
+  static const std::regex scope(R"(^(?:inline\s+)?namespace\b|^extern\s*""\s*$)");
+  static const std::regex class_key(R"(^(?:class|struct|union)\b)");
+  static const std::regex function_tail(
+      R"(^\s*(?:(?:const|volatile|noexcept(?:\s*\([^()]*\))?|override|final|mutable|&&?)\s*)*(?:->[^{}=;]*)?$)");
+  static const std::regex constructor_tail(R"(^\s*(?:noexcept(?:\s*\([^()]*\))?\s*)?:(?!:))");
+  static const std::regex operator_name(R"(((?:[\w~<>]+::)*operator\b.*?)\s*$)");
+  static const std::regex plain_name(R"(([\w~:<>]+)\s*$)");
+  static const std::regex operator_word(R"(\boperator\b)");
+  static const std::regex call_operator(R"(operator\s*$)");
+  static const std::regex qualifier("::");
+  const std::string head = head_proper(raw);
+  if (std::regex_search(head, scope)) return Opens::scope;
+  size_t open = parameters_open(head);
+  if (std::regex_search(head, class_key)) {
+    const size_t colon = std::regex_replace(head, qualifier, "##").find(':');
+    if (open == std::string::npos || colon < open) return Opens::scope;
+  }
+  if (open == std::string::npos) return Opens::other;
+  std::string before = head.substr(0, open);
+  const bool is_operator = std::regex_search(before, operator_word);
+  if (!is_operator && before.find('=') != std::string::npos) return Opens::other;
+  if (is_operator && head.compare(open, 2, "()") == 0 && std::regex_search(before, call_operator)) {
+    open = head.find('(', open + 2);  // operator()(...)
+    if (open == std::string::npos) return Opens::other;
+    before = head.substr(0, open);
+  }
+  const size_t close = closing_paren(head, open);
+  if (close == std::string::npos) return Opens::other;
+  std::smatch match;
+  if (!std::regex_search(before, match, is_operator ? operator_name : plain_name)) return Opens::other;
+  name = match[1];
+  const std::string tail = head.substr(close + 1);
+  if (std::regex_match(tail, function_tail)) return Opens::function;
+  if (std::regex_search(tail, constructor_tail)) return Opens::constructor;
+  return Opens::other;
+}
+
+// `code` with its preprocessor lines (and their continuations) blanked, line breaks kept.
+std::string without_preprocessor_lines(const std::string& code) {
+  std::string kept;
+  std::istringstream in(code);
+  bool continued = false;
+  for (std::string line; std::getline(in, line);) {
+    const size_t first = line.find_first_not_of(" \t");
+    const bool directive = continued || (first != std::string::npos && line[first] == '#');
+    continued = directive && !line.empty() && line.back() == '\\';
+    kept += (directive ? "" : line) + "\n";
+  }
+  return kept;
+}
+
+struct OpenBrace {
+  Opens what = Opens::other;
+  bool in_head = false;  // braces before a body: a default argument `= {}`, a member initializer `x_{0}`
+  FunctionBody body;
+};
+
+// What a '{' at namespace or class level, on `line` after `head`, opens.
+OpenBrace brace_after(const std::string& head, int line) {
+  FunctionBody body{"", line, 0};
+  const Opens what = classify_head(head, body.name);
+  const size_t last = head.find_last_not_of(" \t\n");
+  const bool in_parentheses = std::count(head.begin(), head.end(), '(') > std::count(head.begin(), head.end(), ')');
+  const bool member_init = what == Opens::constructor && last != std::string::npos &&
+                           (is_identifier_char(head[last]) || head[last] == '>');  // `x_{0}`, `Base<T>{...}`
+  if (in_parentheses || member_init) return {Opens::other, true, {}};
+  return {what == Opens::constructor ? Opens::function : what, false, body};
+}
+
+// The function bodies defined at namespace or class level in `code` (code_of's text), in order.
+// Braces inside a body (control blocks, lambdas, local classes) are the body's own; preprocessor
+// lines are skipped. False when the braces do not balance (an #if whose branches open differently).
+bool function_bodies(const std::string& code_given, std::vector<FunctionBody>& bodies) {
+  const std::string code = without_preprocessor_lines(code_given);
+  std::vector<OpenBrace> open;
+  std::string head;  // the text at the current namespace or class level since its last ';', '{' or '}'
+  int line = 1;
+  for (const char c : code) {
+    const bool at_scope_level = open.empty() || open.back().what == Opens::scope;
+    if (c == '\n') ++line;
+    if (c == '{') {
+      open.push_back(at_scope_level ? brace_after(head, line) : OpenBrace{});
+      if (at_scope_level && !open.back().in_head) head.clear();
+    } else if (c == '}') {
+      if (open.empty()) return false;
+      const OpenBrace closed = open.back();
+      open.pop_back();
+      if (closed.what == Opens::function) {
+        bodies.push_back({closed.body.name, closed.body.line, line - closed.body.line + 1});
+      }
+      if (!open.empty() && open.back().what != Opens::scope) continue;
+      if (closed.in_head) {
+        head += "{}";
+      } else {
+        head.clear();
+      }
+    } else if (at_scope_level && c == ';') {
+      head.clear();
+    } else if (at_scope_level) {
+      head += c;
+    }
+  }
+  return open.empty();
+}
+
+// One line per function body over `limit` lines, in file order:
+// "src/lockstep/trainer/loops.cpp:114: Trainer::run_training_epoch is 87 lines, over 60; ...".
+std::vector<std::string> long_functions(const fs::path& root, int limit) {
+  std::vector<std::string> offenders;
+  for (const auto& [path, shown] : tree_files(root)) {
+    if (path.extension() != ".cpp" && path.extension() != ".h") continue;
+    std::vector<FunctionBody> bodies;
+    if (!function_bodies(code_of(path), bodies)) {
+      offenders.push_back(shown + ": its braces do not balance outside comments and literals (an #if whose "
+                          "branches open different blocks?), so its functions cannot be measured; open and close "
+                          "each block in every branch");
+      continue;
+    }
+    for (const auto& body : bodies) {
+      if (body.lines <= limit) continue;
+      offenders.push_back(shown + ":" + std::to_string(body.line) + ": " + body.name + " is " +
+                          std::to_string(body.lines) + " lines, over " + std::to_string(limit) +
+                          "; extract its steps into functions with names");
+    }
+  }
+  return offenders;
+}
+
+TEST(Architecture, NoFunctionIsOver60Lines) {
+  const auto offenders = long_functions(LOCKSTEP_SOURCE_DIR, kMaxFunctionLines);
+  for (const auto& offender : offenders) ADD_FAILURE() << offender;
+  EXPECT_TRUE(offenders.empty());
+}
+
+// The synthetic tree of AFunctionOverTheLimitIsNamed: for a limit of 10, three functions over it
+// among ones at it and braces that open no function, and a file whose braces do not balance.
+void write_functions_tree(const fs::path& root) {
+  const auto statements = [](int n) {
+    std::string text;
+    for (int i = 0; i < n; ++i) text += "  x += " + std::to_string(i) + ";\n";
+    return text;
+  };
+  // Each body below is 2 lines ('{' and '}') plus its statements; the limit is 10.
+  write(root / "src/lockstep/core/functions.cpp",
+        "#include <x.h>\n"                                                             // 1
+        "namespace lockstep {\n"                                                       // 2
+        "namespace {\n"                                                                // 3
+        "int at_the_limit(int x) {\n" + statements(8) + "}\n" +                        // 4-13
+        "}  // namespace\n"                                                            // 14
+        "std::vector<int> Trainer::too_long(const std::map<int, int>& m) const {\n"     // 15
+        "  if (x) {\n    const char* s = \"}}}\";\n    char c = '}';\n  }\n"          // 16-19
+        "  auto f = [&](int y) {\n    return y; // }\n  };\n" +                       // 20-22
+        statements(3) + "}\n" +                                                        // 23-26
+        "const auto kTable = [] {\n" + statements(12) + "}();\n" +                     // 27-40
+        "enum class Kind {\n" + std::string(12, '\n') + "};\n" +                       // 41-54
+        "Runner::Runner(int a)\n    : a_(a),\n      b_{a, 2},\n      c_(std::vector<int>{1}) {\n" +  // 55-58
+        statements(9) + "}\n" +                                                        // 59-68
+        "#define BODY { x += 1; }\n"                                                   // 69
+        "/* void commented() { */\n"                                                   // 70
+        "}  // namespace lockstep\n");                                                 // 71
+  write(root / "include/lockstep/core/runner.h",
+        "#pragma once\n"                                                               // 1
+        "template <typename T>\n"                                                      // 2
+        "class Runner : public Base<T> {\n"                                            // 3
+        " public:\n"                                                                   // 4
+        "  int operator()(int x) const {\n" + statements(9) + "  }\n" +                // 5-15
+        "  bool operator<(const Runner& other) const { return a_ < other.a_; }\n" +    // 16
+        "  std::function<void()> callback_ = [] {\n" + statements(12) + "  };\n" +     // 17-30
+        "  int a_{0};\n"                                                               // 31
+        "};\n");                                                                       // 32
+  write(root / "include/lockstep/core/templates.h",
+        "template <typename T, std::enable_if_t<(sizeof(T) > 1), int> = 0>\n"           // 1
+        "decltype(auto) forward_all(T&& value, Options options = {}) {\n" +            // 2
+        statements(9) + "}\n" +                                                        // 3-12
+        "auto make(int depth = 0, std::string bytes = {}) -> decltype(bytes) { return bytes; }\n");  // 13
+  write(root / "src/lockstep/core/unbalanced.cpp",
+        "void f() {\n#if A\n  if (a) {\n#else\n  if (b) {\n#endif\n  }\n}\n");
+  write(root / "src/lockstep/core/notes.txt", "void f() {\n" + statements(20) + "}\n");
+}
+
+// The check measures functions and member functions (defined in their class or out of it,
+// constructors with member-initializer lists, operators, templates, decltype(auto), `= {}`
+// default arguments) from '{' to '}'. It takes for a function no lambda or initializer at
+// namespace level, no enum, no control block or lambda inside a function (they are its lines), and
+// no braces in comments, strings, character literals or preprocessor lines. A file whose braces do
+// not balance is named.
+TEST(Architecture, AFunctionOverTheLimitIsNamed) {
+  testing::TempDir dir("lockstep_long_functions");
+  const fs::path root = dir.path();
+  write_functions_tree(root);
+  const std::string fix = "; extract its steps into functions with names";
+  const std::vector<std::string> expected = {
+      "include/lockstep/core/runner.h:5: operator() is 11 lines, over 10" + fix,
+      "include/lockstep/core/templates.h:2: forward_all is 11 lines, over 10" + fix,
+      "src/lockstep/core/functions.cpp:15: Trainer::too_long is 12 lines, over 10" + fix,
+      "src/lockstep/core/functions.cpp:58: Runner::Runner is 11 lines, over 10" + fix,
+      "src/lockstep/core/unbalanced.cpp: its braces do not balance outside comments and literals (an #if whose "
+      "branches open different blocks?), so its functions cannot be measured; open and close each block in every "
+      "branch",
+  };
+  const auto offenders = long_functions(root, 10);
+  EXPECT_EQ(offenders, expected) << joined(offenders);
+  std::vector<FunctionBody> bodies;
+  ASSERT_TRUE(function_bodies(code_of(root / "src/lockstep/core/functions.cpp"), bodies));
+  std::vector<std::string> measured;
+  for (const auto& body : bodies) measured.push_back(body.name + ":" + std::to_string(body.line) + ":" +
+                                                     std::to_string(body.lines));
+  EXPECT_EQ(measured, (std::vector<std::string>{"at_the_limit:4:10", "Trainer::too_long:15:12", "Runner::Runner:58:11"}));
+  bodies.clear();
+  ASSERT_TRUE(function_bodies(code_of(root / "include/lockstep/core/templates.h"), bodies));
+  ASSERT_EQ(bodies.size(), 2u);
+  EXPECT_EQ(bodies[1].name + ":" + std::to_string(bodies[1].line) + ":" + std::to_string(bodies[1].lines), "make:13:1");
 }
 
 // `#include <lockstep/lockstep.h>` brings in every public name: it names every header of

@@ -76,6 +76,9 @@ class ModelCheckpoint : public Callback {
   std::map<std::string, double> monitor_candidates(TrainerView& trainer) const;
   void save_topk(TrainerView& trainer, bool epoch_end);
   TopKDecision decide_topk(TrainerView& trainer, const std::map<std::string, double>& candidates, bool epoch_end);
+  TopKDecision decide_latest(const std::map<std::string, double>& candidates);
+  /// After a score entered best_k_models_: the k-th best (once there are `k`) and the best.
+  void rank_top_k(int64_t k);
   TopKDecision share(TrainerView& trainer, TopKDecision decision);
   void save_last(TrainerView& trainer);
   void save(TrainerView& trainer, const std::string& path);

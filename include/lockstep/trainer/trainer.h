@@ -142,7 +142,17 @@ class Trainer : public TrainerView {
   void attach_sampler(DataLoader& loader, bool shuffle);
   /// False when --ckpt-path last finds no checkpoint (fit then starts afresh).
   bool restore(const std::string& ckpt_path);
+  /// --ckpt-path last: the newest last.ckpt beside this run's folder; "" (and a note) when none.
+  std::string last_checkpoint() const;
+  /// The optimizer states of a checkpoint being resumed, after its schedulers' steps are replayed.
+  void restore_optimizers(const checkpoint::Checkpoint& ckpt, const std::string& path);
   void run_training_epoch(DataLoader& train, DataLoader* val);
+  /// The epoch's sampler order, its length and its start hooks.
+  void start_training_epoch(DataLoader& train);
+  /// Batch `i`: its step, its backward and, when `step_now`, the optimizer step; then its hooks.
+  void run_training_batch(DataLoader& train, int64_t i, bool step_now, bool automatic);
+  /// The epoch's end: its metrics, a validation on `val` unless null, the epoch schedulers, the hooks.
+  void end_training_epoch(DataLoader* val);
   void run_validation(DataLoader& val);
   /// After an optimizer step: asks every rank to stop when this rank's loss is not finite.
   void check_loss(const torch::Tensor& loss, int64_t batch_idx);

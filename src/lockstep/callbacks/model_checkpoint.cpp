@@ -263,16 +263,8 @@ ModelCheckpoint::TopKDecision ModelCheckpoint::share(TrainerView& trainer, TopKD
 ModelCheckpoint::TopKDecision ModelCheckpoint::decide_topk(TrainerView& trainer,
                                                             const std::map<std::string, double>& candidates,
                                                             bool epoch_end) {
+  if (options_.monitor().empty()) return decide_latest(candidates);
   TopKDecision decision;
-  if (options_.monitor().empty()) {
-    const std::string previous = best_model_path_;
-    best_model_path_ = unused_path(candidates, previous);
-    decision.save = best_model_path_;
-    // Only a file of this folder: after a resume, the previous run's checkpoints stay (Lightning).
-    const bool ours = std::filesystem::path(previous).parent_path() == std::filesystem::path(dirpath_);
-    if (options_.save_top_k() == 1 && ours && previous != best_model_path_) decision.remove = previous;
-    return decision;
-  }
   const auto found = candidates.find(options_.monitor());
   if (found == candidates.end()) {
     missing_monitor(trainer, candidates, epoch_end);
@@ -306,7 +298,35 @@ ModelCheckpoint::TopKDecision ModelCheckpoint::decide_topk(TrainerView& trainer,
   } else {
     best_k_models_.emplace_back(path, score);
   }
+  rank_top_k(k);
+  if (options_.verbose()) {
+    char line[256];
+    std::snprintf(line, sizeof line, "Epoch %lld, global step %lld: '%s' reached %0.5f (best %0.5f), saving model to ",
+                  static_cast<long long>(trainer.current_epoch()), static_cast<long long>(trainer.global_step()),
+                  options_.monitor().c_str(), current, *best_model_score_);
+    std::cerr << line << "'" << path << "' as top " << k << "\n";
+  }
+  decision.save = path;
+  if (decision.remove == path) decision.remove.clear();
+  return decision;
+}
+
+// Without a monitor: the newest checkpoint is the best, and with save_top_k 1 it replaces the
+// previous one.
+ModelCheckpoint::TopKDecision ModelCheckpoint::decide_latest(const std::map<std::string, double>& candidates) {
+  TopKDecision decision;
+  const std::string previous = best_model_path_;
+  best_model_path_ = unused_path(candidates, previous);
+  decision.save = best_model_path_;
+  // Only a file of this folder: after a resume, the previous run's checkpoints stay (Lightning).
+  const bool ours = std::filesystem::path(previous).parent_path() == std::filesystem::path(dirpath_);
+  if (options_.save_top_k() == 1 && ours && previous != best_model_path_) decision.remove = previous;
+  return decision;
+}
+
+void ModelCheckpoint::rank_top_k(int64_t k) {
   // Ties go to the entry written first, as Python's min/max over a dict.
+  const bool min = options_.mode() == "min";
   auto better = [min](double a, double b) { return min ? a < b : a > b; };
   if (static_cast<int64_t>(best_k_models_.size()) == k) {
     auto worst = best_k_models_.begin();
@@ -322,16 +342,6 @@ ModelCheckpoint::TopKDecision ModelCheckpoint::decide_topk(TrainerView& trainer,
   }
   best_model_path_ = best->first;
   best_model_score_ = best->second;
-  if (options_.verbose()) {
-    char line[256];
-    std::snprintf(line, sizeof line, "Epoch %lld, global step %lld: '%s' reached %0.5f (best %0.5f), saving model to ",
-                  static_cast<long long>(trainer.current_epoch()), static_cast<long long>(trainer.global_step()),
-                  options_.monitor().c_str(), current, *best_model_score_);
-    std::cerr << line << "'" << path << "' as top " << k << "\n";
-  }
-  decision.save = path;
-  if (decision.remove == path) decision.remove.clear();
-  return decision;
 }
 
 bool ModelCheckpoint::enters_top_k(double current) const {

@@ -82,72 +82,95 @@ json metadata_json(const ShardedMetadata& metadata) {
           {"tensors", tensors}};
 }
 
+// What commit_sharded_save checks the ranks' indexes against, and how its messages start and end.
+struct ShardCheck {
+  const fs::path& tmp;
+  int world_size;
+  const std::string& caller;
+  const std::string& unchanged;
+};
+
+// Adds the pieces that rank `r`'s index lists to `metadata`, marking in `listed` (by key) the ranks
+// that have a piece; UsageError for a missing or damaged index, one of another rank or world size,
+// and a piece whose shape or dtype disagrees with an earlier rank's.
+void add_rank_index(const ShardCheck& check, int r, ShardedMetadata& metadata,
+                    std::map<std::string, std::vector<bool>>& listed) {
+  const auto& [tmp, world_size, caller, unchanged] = check;
+  const fs::path index_path = tmp / detail::rank_index_name(r);
+  if (!fs::exists(index_path) || !fs::exists(tmp / detail::rank_file_name(r))) {
+    throw UsageError(caller + ": rank " + std::to_string(r) + "'s shard is not in '" + tmp.string() +
+                     "'. Every rank calls write_shard(tmp_dir, rank, " + std::to_string(world_size) +
+                     ", shard), and rank 0 commits after a barrier that all of them have passed." + unchanged);
+  }
+  try {
+    const json index = json::parse(detail::read_text_file(index_path));
+    if (index.at("world_size").get<int>() != world_size || index.at("rank").get<int>() != r) {
+      throw UsageError(caller + ": '" + index_path.string() + "' was written by rank " +
+                       std::to_string(index.at("rank").get<int>()) + " of world_size " +
+                       std::to_string(index.at("world_size").get<int>()) + ", not rank " + std::to_string(r) +
+                       " of " + std::to_string(world_size) + ". Pass every rank the same world_size." + unchanged);
+    }
+    for (const auto& item : index.at("pieces").items()) {
+      const json& entry = item.value();
+      const auto shape = entry.at("shape").get<std::vector<int64_t>>();
+      at::ScalarType dtype = at::kFloat;
+      detail::parse_dtype(entry.at("dtype").get<std::string>(), dtype);
+      auto& info = metadata.tensors[item.key()];
+      if (info.ranks.empty()) {
+        info.shape = shape;
+        info.dtype = dtype;
+        info.ranks.resize(world_size);
+      } else if (info.shape != shape || info.dtype != dtype) {
+        throw UsageError(caller + ": the pieces of \"" + item.key() + "\" disagree: rank " + std::to_string(r) +
+                         " gives " + detail::shape_text(shape) + " " + detail::dtype_name(dtype) +
+                         ", an earlier rank " + detail::shape_text(info.shape) + " " + detail::dtype_name(info.dtype) +
+                         ". Every rank must describe the same full tensor." + unchanged);
+      }
+      info.ranks[r] = {entry.at("begin").get<int64_t>(), entry.at("numel").get<int64_t>()};
+      listed[item.key()].resize(world_size);
+      listed[item.key()][r] = true;
+    }
+  } catch (const json::exception& e) {
+    throw UsageError(caller + ": '" + index_path.string() + "' is damaged (" + e.what() +
+                     "). Save again: begin_sharded_save clears the temporary directory." + unchanged);
+  }
+}
+
+// UsageError naming the key when a rank has no piece of it, or its pieces do not cover it
+// exactly once.
+void check_coverage(const ShardCheck& check, const ShardedMetadata& metadata,
+                    std::map<std::string, std::vector<bool>>& listed) {
+  for (const auto& [key, info] : metadata.tensors) {
+    const auto& ranks = listed[key];
+    const auto without = std::find(ranks.begin(), ranks.end(), false);
+    if (without != ranks.end()) {
+      throw UsageError(check.caller + ": rank " + std::to_string(without - ranks.begin()) + " has no piece of \"" +
+                       key + "\", which rank " +
+                       std::to_string(std::find(ranks.begin(), ranks.end(), true) - ranks.begin()) +
+                       " has. Every rank lists every key, with an empty piece (values of 0 elements) where it holds "
+                       "none of the tensor, so that none goes missing." +
+                       check.unchanged);
+    }
+    const std::string problem = detail::coverage_problem(info.ranks, detail::numel_of_shape(info.shape));
+    if (!problem.empty()) {
+      throw UsageError(check.caller + ": the pieces of \"" + key + "\" (shape " + detail::shape_text(info.shape) +
+                       ") do not cover it exactly once: " + problem +
+                       ". Each element must be in exactly one rank's piece." + check.unchanged);
+    }
+  }
+}
+
 // The metadata of the shards that every rank's index in `tmp` describes; UsageError naming the
 // rank or the key for a missing shard, pieces that disagree, a key a rank has no piece of, and
 // pieces that do not cover their tensor exactly once.
 ShardedMetadata metadata_of_shards(const fs::path& tmp, int world_size, const std::string& caller,
                                    const std::string& unchanged) {
+  const ShardCheck check{tmp, world_size, caller, unchanged};
   ShardedMetadata metadata;
   metadata.world_size = world_size;
   std::map<std::string, std::vector<bool>> listed;  // by key, which ranks have a piece of it
-  for (int r = 0; r < world_size; ++r) {
-    const fs::path index_path = tmp / detail::rank_index_name(r);
-    if (!fs::exists(index_path) || !fs::exists(tmp / detail::rank_file_name(r))) {
-      throw UsageError(caller + ": rank " + std::to_string(r) + "'s shard is not in '" + tmp.string() +
-                       "'. Every rank calls write_shard(tmp_dir, rank, " + std::to_string(world_size) +
-                       ", shard), and rank 0 commits after a barrier that all of them have passed." + unchanged);
-    }
-    try {
-      const json index = json::parse(detail::read_text_file(index_path));
-      if (index.at("world_size").get<int>() != world_size || index.at("rank").get<int>() != r) {
-        throw UsageError(caller + ": '" + index_path.string() + "' was written by rank " +
-                         std::to_string(index.at("rank").get<int>()) + " of world_size " +
-                         std::to_string(index.at("world_size").get<int>()) + ", not rank " + std::to_string(r) +
-                         " of " + std::to_string(world_size) + ". Pass every rank the same world_size." + unchanged);
-      }
-      for (const auto& item : index.at("pieces").items()) {
-        const json& entry = item.value();
-        const auto shape = entry.at("shape").get<std::vector<int64_t>>();
-        at::ScalarType dtype = at::kFloat;
-        detail::parse_dtype(entry.at("dtype").get<std::string>(), dtype);
-        auto& info = metadata.tensors[item.key()];
-        if (info.ranks.empty()) {
-          info.shape = shape;
-          info.dtype = dtype;
-          info.ranks.resize(world_size);
-        } else if (info.shape != shape || info.dtype != dtype) {
-          throw UsageError(caller + ": the pieces of \"" + item.key() + "\" disagree: rank " + std::to_string(r) +
-                           " gives " + detail::shape_text(shape) + " " + detail::dtype_name(dtype) +
-                           ", an earlier rank " + detail::shape_text(info.shape) + " " +
-                           detail::dtype_name(info.dtype) + ". Every rank must describe the same full tensor." +
-                           unchanged);
-        }
-        info.ranks[r] = {entry.at("begin").get<int64_t>(), entry.at("numel").get<int64_t>()};
-        listed[item.key()].resize(world_size);
-        listed[item.key()][r] = true;
-      }
-    } catch (const json::exception& e) {
-      throw UsageError(caller + ": '" + index_path.string() + "' is damaged (" + e.what() +
-                       "). Save again: begin_sharded_save clears the temporary directory." + unchanged);
-    }
-  }
-  for (const auto& [key, info] : metadata.tensors) {
-    const auto& ranks = listed[key];
-    const auto without = std::find(ranks.begin(), ranks.end(), false);
-    if (without != ranks.end()) {
-      throw UsageError(caller + ": rank " + std::to_string(without - ranks.begin()) + " has no piece of \"" + key +
-                       "\", which rank " + std::to_string(std::find(ranks.begin(), ranks.end(), true) - ranks.begin()) +
-                       " has. Every rank lists every key, with an empty piece (values of 0 elements) where it holds "
-                       "none of the tensor, so that none goes missing." +
-                       unchanged);
-    }
-    const std::string problem = detail::coverage_problem(info.ranks, detail::numel_of_shape(info.shape));
-    if (!problem.empty()) {
-      throw UsageError(caller + ": the pieces of \"" + key + "\" (shape " + detail::shape_text(info.shape) +
-                       ") do not cover it exactly once: " + problem +
-                       ". Each element must be in exactly one rank's piece." + unchanged);
-    }
-  }
+  for (int r = 0; r < world_size; ++r) add_rank_index(check, r, metadata, listed);
+  check_coverage(check, metadata, listed);
   return metadata;
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <mutex>
 
@@ -50,6 +51,33 @@ c10::IValue rng_state() {
   auto generator = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(generator.mutex());
   return generator.get_state();
+}
+
+// A state_dict alone is weights to start from, not a run to resume; a checkpoint lacking one of
+// the keys a run needs is refused by name.
+void check_resumable(const checkpoint::Checkpoint& ckpt, const std::string& path) {
+  const bool weights_only = !ckpt.contains("state_dict") && ckpt.size() > 0 &&
+                            std::all_of(ckpt.begin(), ckpt.end(), [](const auto& entry) { return entry.value().isTensor(); });
+  LOCKSTEP_CHECK(!weights_only, UsageError, "--ckpt-path ", path, " holds only tensors by name (a state_dict, as ",
+                 "torch.save(model.state_dict(), path) writes), not a run to resume. To start from these weights, use ",
+                 "--init-weights ", path, " instead.");
+  checkpoint::require_keys(ckpt, {"state_dict", "optimizer_states", "epoch", "global_step", "loops"}, path);
+}
+
+// Runs `read`, which takes `key` of the checkpoint at `path`. A checkpoint of something else may
+// have the keys but not their contents: LibTorch's type errors become one message naming the key
+// and what it should hold.
+void read_entry(const std::string& path, const char* key, const char* expected, const std::function<void()>& read) {
+  try {
+    read();
+  } catch (const UsageError& e) {
+    throw UsageError("checkpoint '" + path + "': " + message_of(e));
+  } catch (const c10::Error& e) {
+    const std::string why = e.what_without_backtrace();
+    throw UsageError("checkpoint '" + path + "': \"" + key + "\" should hold " + expected + " (" +
+                     why.substr(0, why.find('\n')) + "). It is not a checkpoint of this Trainer; pass one it " +
+                     "wrote (--ckpt-path PATH, or --ckpt-path last).");
+  }
 }
 
 }  // namespace
@@ -191,50 +219,67 @@ void Trainer::load_init_weights() {
   }
 }
 
+std::string Trainer::last_checkpoint() const {
+  // This run has a new version folder: the newest last.ckpt beside it.
+  const auto runs = std::filesystem::path(log_dir_).parent_path();
+  const std::string path = find_last_checkpoint(runs);
+  // As Lightning's ckpt_path="last": a note, and training from the start (the first attempt of a
+  // job that is restarted with --ckpt-path last).
+  if (path.empty() && plan_.strategy->is_global_zero()) {
+    std::cerr << "lockstep: --ckpt-path last: no version_N/checkpoints/last.ckpt under " << runs.string()
+              << " yet; training from the start.\n";
+  }
+  return path;
+}
+
 bool Trainer::restore(const std::string& ckpt_path) {
   std::string path = ckpt_path;
-  // This run has a new version folder: the newest last.ckpt beside it.
   if (path == "last") {
-    const auto runs = std::filesystem::path(log_dir_).parent_path();
-    path = find_last_checkpoint(runs);
-    if (path.empty()) {
-      // As Lightning's ckpt_path="last": a note, and training from the start (the first attempt
-      // of a job that is restarted with --ckpt-path last).
-      if (plan_.strategy->is_global_zero()) {
-        std::cerr << "lockstep: --ckpt-path last: no version_N/checkpoints/last.ckpt under " << runs.string()
-                  << " yet; training from the start.\n";
-      }
-      return false;
-    }
+    path = last_checkpoint();
+    if (path.empty()) return false;
   }
   auto ckpt = early_checkpoint_ && path == options_.ckpt_path()
                   ? *early_checkpoint_
                   : plan_.strategy->load_checkpoint(path, *checkpoint_io_, optimizer_config_.optimizers);
   early_checkpoint_.reset();
-  const bool weights_only = !ckpt.contains("state_dict") && ckpt.size() > 0 &&
-                            std::all_of(ckpt.begin(), ckpt.end(), [](const auto& entry) { return entry.value().isTensor(); });
-  LOCKSTEP_CHECK(!weights_only, UsageError, "--ckpt-path ", path, " holds only tensors by name (a state_dict, as ",
-                 "torch.save(model.state_dict(), path) writes), not a run to resume. To start from these weights, use ",
-                 "--init-weights ", path, " instead.");
-  checkpoint::require_keys(ckpt, {"state_dict", "optimizer_states", "epoch", "global_step", "loops"}, path);
-  // A checkpoint of something else may have the keys but not their contents: LibTorch's type
-  // errors become one message naming the key and what it should hold.
-  const auto reading = [&](const char* key, const char* expected, const std::function<void()>& read) {
-    try {
-      read();
-    } catch (const UsageError& e) {
-      throw UsageError("checkpoint '" + path + "': " + message_of(e));
-    } catch (const c10::Error& e) {
-      const std::string why = e.what_without_backtrace();
-      throw UsageError("checkpoint '" + path + "': \"" + key + "\" should hold " + expected + " (" +
-                       why.substr(0, why.find('\n')) + "). It is not a checkpoint of this Trainer; pass one it " +
-                       "wrote (--ckpt-path PATH, or --ckpt-path last).");
-    }
-  };
-  reading("state_dict", "a dict of parameter and buffer names to tensors",
-          [&] { plan_.strategy->load_module_state_dict(*module_, ckpt.at("state_dict").toGenericDict()); });
+  check_resumable(ckpt, path);
+  read_entry(path, "state_dict", "a dict of parameter and buffer names to tensors",
+             [&] { plan_.strategy->load_module_state_dict(*module_, ckpt.at("state_dict").toGenericDict()); });
+  restore_optimizers(ckpt, path);
+  read_entry(path, "loops", "a dict with the integer next_epoch (and next_batch)", [&] {
+    const auto loops = ckpt.at("loops").toGenericDict();
+    current_epoch_ = loops.at("next_epoch").toInt();
+    resume_batch_ = loops.contains("next_batch") ? loops.at("next_batch").toInt() : 0;
+  });
+  read_entry(path, "global_step", "an integer", [&] { global_step_ = ckpt.at("global_step").toInt(); });
+  record_resume(path, ckpt.contains("log_dir") && ckpt.at("log_dir").isString() ? ckpt.at("log_dir").toStringRef() : "");
+  if (ckpt.contains("callbacks")) {
+    read_entry(path, "callbacks", "a dict of callback names to their states", [&] {
+      const auto states = ckpt.at("callbacks").toGenericDict();
+      for (auto& c : callbacks_) {
+        if (states.contains(c->name())) c->load_state_dict(states.at(c->name()));
+      }
+    });
+  }
+  // A checkpoint of a run without loss scaling starts the scaler afresh, as Lightning does.
+  if (scaler_ && ckpt.contains("native_amp_scaling_state")) {
+    read_entry(path, "native_amp_scaling_state", "the loss scaler's state (a dict)",
+               [&] { scaler_->load_state_dict(ckpt.at("native_amp_scaling_state").toGenericDict()); });
+  }
+  if (ckpt.contains("rng_state")) {
+    read_entry(path, "rng_state", "the CPU generator's state (a byte tensor)", [&] {
+      auto generator = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(ckpt.at("rng_state").toTensor());
+    });
+  }
+  return true;
+}
+
+void Trainer::restore_optimizers(const checkpoint::Checkpoint& ckpt, const std::string& path) {
   c10::impl::GenericList optimizers(c10::AnyType::get());
-  reading("optimizer_states", "a list of optimizer state dicts", [&] { optimizers = ckpt.at("optimizer_states").toList(); });
+  read_entry(path, "optimizer_states", "a list of optimizer state dicts",
+             [&] { optimizers = ckpt.at("optimizer_states").toList(); });
   if (optimizers.size() != optimizer_config_.optimizers.size()) {
     throw UsageError("--ckpt-path " + path + " holds " + std::to_string(optimizers.size()) +
                      " optimizer state(s) but configure_optimizers returned " +
@@ -243,7 +288,7 @@ bool Trainer::restore(const std::string& ckpt_path) {
   // Schedulers first: replaying their steps moves the learning rates, which the optimizer
   // states then set to the saved values exactly.
   if (ckpt.contains("lr_schedulers")) {
-    reading("lr_schedulers", "a dict with integers epoch_steps and step_steps", [&] {
+    read_entry(path, "lr_schedulers", "a dict with integers epoch_steps and step_steps", [&] {
       const auto s = ckpt.at("lr_schedulers").toGenericDict();
       scheduler_epoch_steps_ = s.at("epoch_steps").toInt();
       scheduler_step_steps_ = s.at("step_steps").toInt();
@@ -253,39 +298,11 @@ bool Trainer::restore(const std::string& ckpt_path) {
       for (int64_t i = 0; i < n; ++i) config.scheduler->step();
     }
   }
-  reading("optimizer_states", "a list of optimizer state dicts", [&] {
+  read_entry(path, "optimizer_states", "a list of optimizer state dicts", [&] {
     for (size_t i = 0; i < optimizers.size(); ++i) {
       plan_.strategy->load_optimizer_state_dict(*optimizer_config_.optimizers[i], optimizers.get(i).toGenericDict());
     }
   });
-  reading("loops", "a dict with the integer next_epoch (and next_batch)", [&] {
-    const auto loops = ckpt.at("loops").toGenericDict();
-    current_epoch_ = loops.at("next_epoch").toInt();
-    resume_batch_ = loops.contains("next_batch") ? loops.at("next_batch").toInt() : 0;
-  });
-  reading("global_step", "an integer", [&] { global_step_ = ckpt.at("global_step").toInt(); });
-  record_resume(path, ckpt.contains("log_dir") && ckpt.at("log_dir").isString() ? ckpt.at("log_dir").toStringRef() : "");
-  if (ckpt.contains("callbacks")) {
-    reading("callbacks", "a dict of callback names to their states", [&] {
-      const auto states = ckpt.at("callbacks").toGenericDict();
-      for (auto& c : callbacks_) {
-        if (states.contains(c->name())) c->load_state_dict(states.at(c->name()));
-      }
-    });
-  }
-  // A checkpoint of a run without loss scaling starts the scaler afresh, as Lightning does.
-  if (scaler_ && ckpt.contains("native_amp_scaling_state")) {
-    reading("native_amp_scaling_state", "the loss scaler's state (a dict)",
-            [&] { scaler_->load_state_dict(ckpt.at("native_amp_scaling_state").toGenericDict()); });
-  }
-  if (ckpt.contains("rng_state")) {
-    reading("rng_state", "the CPU generator's state (a byte tensor)", [&] {
-      auto generator = at::detail::getDefaultCPUGenerator();
-      std::lock_guard<std::mutex> lock(generator.mutex());
-      generator.set_state(ckpt.at("rng_state").toTensor());
-    });
-  }
-  return true;
 }
 
 }  // namespace lockstep

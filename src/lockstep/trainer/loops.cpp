@@ -113,16 +113,9 @@ std::map<std::string, double> Trainer::run_evaluation(DataLoader& loader, Phase 
 
 void Trainer::run_training_epoch(DataLoader& train, DataLoader* val) {
   auto timed_epoch = profile("run_training_epoch");
-  train.set_epoch(current_epoch_);
-  module_->train();
-  metrics_.begin_epoch(Phase::train);
-  // Before the hooks, so that callbacks (the progress bar) know the epoch's length.
-  num_training_batches_ = options_.limit_train_batches().of(train.num_batches());
-  module_->on_train_epoch_start();
-  each_callback("on_train_epoch_start", [&](Callback& c) { c.on_train_epoch_start(*this, *module_); });
+  start_training_epoch(train);
   const int64_t accumulate = options_.accumulate_grad_batches();
   const bool automatic = module_->automatic_optimization();
-  const auto device = plan_.strategy->root_device();
   const bool validate_this_epoch = val != nullptr && (current_epoch_ + 1) % options_.check_val_every_n_epoch() == 0;
   // A mid-epoch checkpoint resumes at its next batch: the sampler's order depends only on the epoch.
   int64_t batches_run = std::min(resume_batch_, num_training_batches_);
@@ -131,35 +124,8 @@ void Trainer::run_training_epoch(DataLoader& train, DataLoader* val) {
   int64_t validated_after = -1;  // batches run when validation last ran in this epoch
   for (int64_t i = batches_run; i < num_training_batches_; ++i) {
     if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps()) break;
-    Batch batch = [&] {
-      auto fetch = profile("train_dataloader_next");
-      return train.batch(i);
-    }();
-    auto transfer = profile("transfer_batch_to_device");
-    module_->transfer_batch_to_device(batch, device);
-    transfer.stop();
-    plan_.precision.convert_batch(batch);
-    metrics_.set_batch_size(batch.size());
     const bool step_now = (i + 1) % accumulate == 0 || i + 1 == num_training_batches_;
-    if (automatic) plan_.strategy->set_gradient_sync(step_now);
-    torch::Tensor loss = run_step([&] {
-      auto timed = profile("training_step");
-      return plan_.strategy->training_step(*module_, batch, i);
-    });
-    check_loss(loss, i);
-    if (automatic && loss.defined()) {
-      auto backward = profile("backward");
-      auto to_backward = accumulate > 1 ? loss / static_cast<double>(accumulate) : loss;
-      plan_.strategy->backward(scaler_ ? scaler_->scale(to_backward) : to_backward);
-      backward.stop();
-      if (step_now) optimizer_step();
-    } else if (!automatic) {
-      ++global_step_;
-    }
-    batches_done_ = i + 1;  // a checkpoint from here on resumes at the next batch
-    module_->on_train_batch_end(loss, batch, i);
-    each_callback("on_train_batch_end", [&](Callback& c) { c.on_train_batch_end(*this, *module_, loss, i); });
-    emit_step_metrics(false);
+    run_training_batch(train, i, step_now, automatic);
     batches_run = i + 1;
     // Within the epoch only; validation after the last batch runs below, after the epoch metrics.
     if (validate_this_epoch && batches_run % val_check_batch_ == 0 && batches_run < num_training_batches_) {
@@ -177,18 +143,64 @@ void Trainer::run_training_epoch(DataLoader& train, DataLoader* val) {
   }
   plan_.strategy->set_gradient_sync(true);
   if (stop_request_) return;  // the epoch is not over: fit saves where it stands
-  module_->on_train_epoch_end();
-  auto values = metrics_.end_epoch(*plan_.strategy);
-  for (const auto& [name, value] : values) callback_metrics_[name] = value;
-  emit(values);
   // A full epoch validates at its end when its last batch is a check batch (so "0.3" of 10
   // batches validates after 3, 6 and 9, as Lightning's); an epoch cut short by max_steps or a
   // stop validates once more unless it just did.
   const bool full_epoch = batches_run == num_training_batches_;
-  if (validate_this_epoch &&
-      (full_epoch ? num_training_batches_ % val_check_batch_ == 0 : validated_after != batches_run)) {
-    run_validation(*val);
+  const bool validate_at_end =
+      validate_this_epoch && (full_epoch ? num_training_batches_ % val_check_batch_ == 0 : validated_after != batches_run);
+  end_training_epoch(validate_at_end ? val : nullptr);
+}
+
+void Trainer::start_training_epoch(DataLoader& train) {
+  train.set_epoch(current_epoch_);
+  module_->train();
+  metrics_.begin_epoch(Phase::train);
+  // Before the hooks, so that callbacks (the progress bar) know the epoch's length.
+  num_training_batches_ = options_.limit_train_batches().of(train.num_batches());
+  module_->on_train_epoch_start();
+  each_callback("on_train_epoch_start", [&](Callback& c) { c.on_train_epoch_start(*this, *module_); });
+}
+
+void Trainer::run_training_batch(DataLoader& train, int64_t i, bool step_now, bool automatic) {
+  Batch batch = [&] {
+    auto fetch = profile("train_dataloader_next");
+    return train.batch(i);
+  }();
+  const auto device = plan_.strategy->root_device();
+  auto transfer = profile("transfer_batch_to_device");
+  module_->transfer_batch_to_device(batch, device);
+  transfer.stop();
+  plan_.precision.convert_batch(batch);
+  metrics_.set_batch_size(batch.size());
+  if (automatic) plan_.strategy->set_gradient_sync(step_now);
+  torch::Tensor loss = run_step([&] {
+    auto timed = profile("training_step");
+    return plan_.strategy->training_step(*module_, batch, i);
+  });
+  check_loss(loss, i);
+  if (automatic && loss.defined()) {
+    const int64_t accumulate = options_.accumulate_grad_batches();
+    auto backward = profile("backward");
+    auto to_backward = accumulate > 1 ? loss / static_cast<double>(accumulate) : loss;
+    plan_.strategy->backward(scaler_ ? scaler_->scale(to_backward) : to_backward);
+    backward.stop();
+    if (step_now) optimizer_step();
+  } else if (!automatic) {
+    ++global_step_;
   }
+  batches_done_ = i + 1;  // a checkpoint from here on resumes at the next batch
+  module_->on_train_batch_end(loss, batch, i);
+  each_callback("on_train_batch_end", [&](Callback& c) { c.on_train_batch_end(*this, *module_, loss, i); });
+  emit_step_metrics(false);
+}
+
+void Trainer::end_training_epoch(DataLoader* val) {
+  module_->on_train_epoch_end();
+  auto values = metrics_.end_epoch(*plan_.strategy);
+  for (const auto& [name, value] : values) callback_metrics_[name] = value;
+  emit(values);
+  if (val != nullptr) run_validation(*val);
   for (auto& s : optimizer_config_.schedulers) {
     if (s.interval == "epoch") s.scheduler->step();
   }

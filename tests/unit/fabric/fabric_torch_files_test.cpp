@@ -2,17 +2,14 @@
 // state_dict, one whose names carry a wrapper's prefix, and Python Fabric's {"model": ..., "step": ...}.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-#include <sstream>
-
 #include <torch/torch.h>
 
 #include <lockstep/checkpoint/key_map.h>
 #include <lockstep/core/error.h>
 #include <lockstep/fabric/fabric.h>
 
-#include "../../support/command.h"
 #include "../../support/paths.h"
+#include "../../support/python_files.h"
 #include "../../support/temp_dir.h"
 
 namespace lockstep {
@@ -54,15 +51,11 @@ struct Net : torch::nn::Module {
 class FabricTorchFiles : public ::testing::Test {
  protected:
   void SetUp() override {
-    const auto result = testing::run_command({LOCKSTEP_TEST_PYTHON, "-c", kPythonWriter, dir.path()},
-                                             {{"OMP_NUM_THREADS", "1"}, {"HOME", dir.path()}}, std::chrono::seconds(60));
-    if (result.err.find("No module named 'torch'") != std::string::npos) {
-      GTEST_SKIP() << LOCKSTEP_TEST_PYTHON << " has no torch (apt-get install python3-torch)";
-    }
-    ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
-    std::istringstream words(result.out);
-    for (std::string word; words >> word;) python_output.push_back(std::strtof(word.c_str(), nullptr));
-    ASSERT_EQ(python_output.size(), 3u) << result.out;
+    const auto files = testing::python_files(kPythonWriter, dir.path());
+    if (!files.has_torch) GTEST_SKIP() << LOCKSTEP_TEST_PYTHON << " has no torch (apt-get install python3-torch)";
+    ASSERT_EQ(files.command.exit_code, 0) << files.command.out << files.command.err;
+    python_output = files.printed;
+    ASSERT_EQ(python_output.size(), 3u) << files.command.out;
     fabric.launch();
   }
 

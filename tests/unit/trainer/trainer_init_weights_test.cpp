@@ -3,14 +3,14 @@
 // flags of a real program (tests/programs/trainer_program) that trains no step and writes them.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
+#include <cmath>
 #include <filesystem>
-#include <sstream>
 
 #include <torch/torch.h>
 
 #include "../../support/command.h"
 #include "../../support/paths.h"
+#include "../../support/python_files.h"
 #include "../../support/regression.h"
 #include "../../support/temp_dir.h"
 #include "../../support/written_parameters.h"
@@ -47,15 +47,11 @@ print(" ".join(float(v).hex() for v in y.flatten().tolist()))
 class TrainerInitWeights : public ::testing::Test {
  protected:
   void SetUp() override {
-    const auto result = testing::run_command({LOCKSTEP_TEST_PYTHON, "-c", kPythonWriter, dir.path()},
-                                             {{"OMP_NUM_THREADS", "1"}, {"HOME", dir.path()}}, std::chrono::seconds(60));
-    if (result.err.find("No module named 'torch'") != std::string::npos) {
-      GTEST_SKIP() << LOCKSTEP_TEST_PYTHON << " has no torch (apt-get install python3-torch)";
-    }
-    ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
-    std::istringstream words(result.out);
-    for (std::string word; words >> word;) python_output.push_back(std::strtof(word.c_str(), nullptr));
-    ASSERT_EQ(python_output.size(), 4u) << result.out;
+    const auto files = testing::python_files(kPythonWriter, dir.path());
+    if (!files.has_torch) GTEST_SKIP() << LOCKSTEP_TEST_PYTHON << " has no torch (apt-get install python3-torch)";
+    ASSERT_EQ(files.command.exit_code, 0) << files.command.out << files.command.err;
+    python_output = files.printed;
+    ASSERT_EQ(python_output.size(), 4u) << files.command.out;
   }
 
   // trainer_program with `flags` and no training step; its exit code and streams.
