@@ -25,15 +25,21 @@ namespace cli {
 /// Adds the PlanOptions fields (--accelerator, --devices, --strategy, --num-nodes, --precision,
 /// ...) to `app`, each with its LOCKSTEP_TRAINER_<FLAG> variable: the flags the Trainer and Fabric
 /// share, registered here once. Sets options.trainer_variables(false): the parse reads them.
+/// Adds the FSDP flags too (--fsdp-sharding, --fsdp-auto-wrap-min-params, --fsdp-auto-wrap-types,
+/// --fsdp-activation-checkpointing-types, --fsdp-hybrid-shard-size, --fsdp-param-dtype,
+/// --fsdp-reduce-dtype): each one given (a value equal to the strategy's own counts) is set on the
+/// FSDPStrategy the connector chooses, through options.configure_strategy; with any other strategy
+/// they are a UsageError naming them (exit code 2).
 void add_plan_flags(CLI::App& app, PlanOptions& options);
 
-/// Adds every TrainerOptions field to `app` as a flag with its LOCKSTEP_TRAINER_<FLAG> variable.
+/// Adds every TrainerOptions field to `app` as a flag with its LOCKSTEP_TRAINER_<FLAG> variable,
+/// the plan's flags (add_plan_flags) and --fsdp-state-dict-type (full|sharded checkpoints).
 /// Counts and fractions (--limit-train-batches) are parsed as they are read: a bad value is exit
 /// code 2 from parse_or_exit_code, before any process starts.
 void add_trainer_flags(CLI::App& app, TrainerOptions& options);
 
-/// Adds the FabricOptions fields (the plan's flags) to `app`, and --seed, which seeds every
-/// generator when it is read (as the Trainer's does) and sets `seed`.
+/// Adds the FabricOptions fields (the plan's flags, add_plan_flags) to `app`, and --seed, which
+/// seeds every generator when it is read (as the Trainer's does) and sets `seed`.
 void add_fabric_flags(CLI::App& app, FabricOptions& options, int64_t& seed);
 
 /// Runs `app.parse`, printing help (exit 0) or a parse error with a hint (exit 2). Returns -1

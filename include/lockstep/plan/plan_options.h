@@ -2,15 +2,21 @@
 /// PlanOptions: where and how the processes of a job run (accelerator, devices, strategy, nodes,
 /// precision, backend, timeout, ...), the options Trainer and Fabric share. TrainerOptions and
 /// FabricOptions inherit them, so that `TrainerOptions().devices("2").max_epochs(3)` chains;
-/// cli::add_plan_flags registers them as flags. resolve_plan (plan/connector.h) reads them.
+/// cli::add_plan_flags registers them as flags. resolve_plan (plan/connector.h) reads them. A
+/// strategy's own settings (FSDP's sharding, DDP's buckets) are its constructor's arguments, or
+/// those its registered name binds (fsdp_hybrid_shard).
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 
 #include <torch/arg.h>
 
 namespace lockstep {
+namespace strategies {
+class Strategy;
+}
 
 struct PlanOptions {
   /// auto|cpu|cuda|gpu. Default: "auto" (cuda if LibTorch sees one, else cpu).
@@ -19,9 +25,10 @@ struct PlanOptions {
   /// a scheduler the processes it started per node (a GPU each, by local rank), else 1 on CPU and
   /// every visible GPU on CUDA. Default: "auto".
   TORCH_ARG(std::string, devices) = "auto";
-  /// auto|single_device|ddp|ddp_fork|ddp_separate|ddp_find_unused_parameters_true|... (the
-  /// registered names). With a Strategy object (Trainer or Fabric set_strategy) it must stay
-  /// "auto" or be that object's name; any other name is a UsageError. Default: "auto".
+  /// auto|single_device|ddp|ddp_fork|ddp_separate|ddp_find_unused_parameters_true|fsdp|
+  /// fsdp_shard_grad_op|fsdp_hybrid_shard|... (the registered names). With a Strategy object
+  /// (Trainer or Fabric set_strategy) it must stay "auto" or be that object's name; any other
+  /// name is a UsageError. Default: "auto".
   TORCH_ARG(std::string, strategy) = "auto";
   /// With a device count (--devices 2, -1, auto) on cuda: pick devices that are free now by
   /// probing each, retrying with jittered backoff when too few are (device ids given
@@ -49,39 +56,13 @@ struct PlanOptions {
   /// program again, up to this many times (torchrun's --max-restarts); give --ckpt-path last to
   /// continue where it was. Under another launcher use its own restarts. Default: 0.
   TORCH_ARG(int64_t, max_restarts) = 0;
-  /// With --strategy fsdp, what each rank keeps only a shard of: FULL_SHARD (parameters, gradients
-  /// and optimizer state), SHARD_GRAD_OP (gradients and optimizer state), SHARD_OPTIMIZER_STATE
-  /// (ZeRO-1), HYBRID_SHARD (FULL_SHARD in each node, the nodes replicas) or NO_SHARD (as DDP).
-  /// Default: "FULL_SHARD".
-  TORCH_ARG(std::string, fsdp_sharding) = "FULL_SHARD";
-  /// With --strategy fsdp, the units: each child of a torch::nn::Sequential with at least this
-  /// many parameters is gathered only around its own forward and backward; 0: the whole model
-  /// is one unit. Default: 0.
-  TORCH_ARG(int64_t, fsdp_auto_wrap_min_params) = 0;
-  /// With --strategy fsdp, units by type (comma-separated, as Module::name() gives them, with or
-  /// without namespace and "Impl": "Block,Conv2d"): each child of a torch::nn::Sequential of one
-  /// of these types is a unit. Lightning's auto_wrap_policy={Block}. Default: "" (none).
-  TORCH_ARG(std::string, fsdp_auto_wrap_types) = "";
-  /// With --strategy fsdp, activation checkpointing by type (comma-separated, named as above):
-  /// Sequential children of these types are units whose activations backward recomputes.
-  /// Lightning's activation_checkpointing_policy={Block}. Default: "" (none).
-  TORCH_ARG(std::string, fsdp_activation_checkpointing_types) = "";
-  /// With --fsdp-sharding HYBRID_SHARD, how many consecutive ranks shard one copy of the model
-  /// (the others replicate it); a divisor of the world size. 0: the ranks of each node, as
-  /// Lightning's HYBRID_SHARD. Default: 0.
-  TORCH_ARG(int64_t, fsdp_hybrid_shard_size) = 0;
-  /// With --strategy fsdp, mixed precision (ShardingOptions::param_dtype): "bf16" gathers the
-  /// child units' parameters in bfloat16 and computes them in it; the shards and the optimizer
-  /// stay float32. "16" (float16) on CUDA only. Default: "" (the parameters' dtype).
-  TORCH_ARG(std::string, fsdp_param_dtype) = "";
-  /// With --strategy fsdp, the dtype gradients are reduced in (ShardingOptions::reduce_dtype):
-  /// "bf16" or "16". Default: "" (the parameters' dtype).
-  TORCH_ARG(std::string, fsdp_reduce_dtype) = "";
-  /// With --strategy fsdp, how the Trainer saves checkpoints: "full" (whole tensors gathered from
-  /// every rank, one file that Python and any strategy load) or "sharded" (a directory with each
-  /// rank's pieces; see checkpoint/sharded_checkpoint.h), as Lightning's FSDPStrategy
-  /// state_dict_type. Default: "full".
-  TORCH_ARG(std::string, fsdp_state_dict_type) = "full";
+  /// Called with the strategy the connector chose (by its name, or the object given to
+  /// set_strategy) before the job starts, to set on it what its name does not; it throws
+  /// UsageError for a strategy its settings do not fit. cli::add_plan_flags sets it from the
+  /// --fsdp-* flags (cli/trainer_flags.h), keeping one set before. In code, give the strategy
+  /// object its settings instead: set_strategy(std::make_shared<FSDPStrategy>(ShardingOptions()...)).
+  /// Default: nullptr (none).
+  TORCH_ARG(std::function<void(strategies::Strategy&)>, configure_strategy) = nullptr;
   /// Whether the Trainer or Fabric, when made, gives every field still at its default the value
   /// of its LOCKSTEP_TRAINER_<FIELD> variable (LOCKSTEP_TRAINER_DEVICES=2), as Lightning 2.x's
   /// PL_TRAINER_* do: a value set in code wins over the variable. cli::add_plan_flags sets it
@@ -113,14 +94,7 @@ struct PlanOptionsOf : PlanOptions {
   LOCKSTEP_PLAN_OPTION(timeout)
   LOCKSTEP_PLAN_OPTION(distributed_debug)
   LOCKSTEP_PLAN_OPTION(max_restarts)
-  LOCKSTEP_PLAN_OPTION(fsdp_sharding)
-  LOCKSTEP_PLAN_OPTION(fsdp_auto_wrap_min_params)
-  LOCKSTEP_PLAN_OPTION(fsdp_auto_wrap_types)
-  LOCKSTEP_PLAN_OPTION(fsdp_activation_checkpointing_types)
-  LOCKSTEP_PLAN_OPTION(fsdp_hybrid_shard_size)
-  LOCKSTEP_PLAN_OPTION(fsdp_param_dtype)
-  LOCKSTEP_PLAN_OPTION(fsdp_reduce_dtype)
-  LOCKSTEP_PLAN_OPTION(fsdp_state_dict_type)
+  LOCKSTEP_PLAN_OPTION(configure_strategy)
   LOCKSTEP_PLAN_OPTION(trainer_variables)
 #undef LOCKSTEP_PLAN_OPTION
 };

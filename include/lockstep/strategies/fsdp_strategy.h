@@ -1,8 +1,10 @@
 #pragma once
 /// FSDPStrategy (`--strategy fsdp`): sharded data parallel through FullyShardedDataParallel, as
-/// Lightning's FSDPStrategy. `--fsdp-sharding` picks FULL_SHARD (default), SHARD_GRAD_OP,
-/// SHARD_OPTIMIZER_STATE (ZeRO-1), HYBRID_SHARD or NO_SHARD; `--fsdp-auto-wrap-min-params` the units;
-/// `--fsdp-state-dict-type` whether checkpoints are whole files or sharded directories.
+/// Lightning's FSDPStrategy. Its settings are its constructor's: distributed::ShardingOptions (the
+/// sharding, the units, mixed precision) and the StateDictType of the Trainer's checkpoints. The
+/// registered names bind one sharding each: fsdp (FULL_SHARD), fsdp_shard_grad_op,
+/// fsdp_shard_optimizer_state, fsdp_hybrid_shard and fsdp_no_shard; the --fsdp-* flags
+/// (cli/trainer_flags.h) set the rest on the strategy their --strategy names.
 
 #include <cmath>
 #include <map>
@@ -36,9 +38,19 @@ StateDictType parse_state_dict_type(const std::string& name);
 /// set_gradient_sync(false) to skip it, as in PyTorch's FSDP without no_sync). Checkpoints
 /// (StateDictType): whole tensors gathered from every rank, which load in Python, in one process
 /// and in DDP (default); or sharded directories, each rank writing its pieces. Either resumes.
+///
+///   trainer.set_strategy(std::make_shared<strategies::FSDPStrategy>(
+///       distributed::ShardingOptions().sharding_strategy(distributed::ShardingStrategy::shard_grad_op)
+///           .auto_wrap_module_types({"Block"})));
 class FSDPStrategy : public ParallelStrategy {
  public:
-  explicit FSDPStrategy(distributed::ShardingOptions options = {}, StateDictType state_dict_type = StateDictType::full);
+  /// `name` is the registered name the strategy reports ("fsdp", "fsdp_hybrid_shard", ...).
+  /// Defaults: FULL_SHARD with the whole module one unit, full checkpoints, "fsdp".
+  explicit FSDPStrategy(distributed::ShardingOptions options = {}, StateDictType state_dict_type = StateDictType::full,
+                        std::string name = "fsdp");
+
+  /// Refuses a float16 param_dtype off CUDA: LibTorch's CPU matmuls have no float16.
+  void set_context(const StrategyContext& context) override;
 
   std::shared_ptr<WrappedModule> setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
   void teardown() override;

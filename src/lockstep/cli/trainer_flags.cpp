@@ -12,19 +12,23 @@
 #include <lockstep/core/seed.h>
 #include <lockstep/distributed/process_group.h>
 
+#include "fsdp_flags.h"
+
 extern char** environ;
 
 namespace lockstep {
 namespace cli {
-namespace {
 
-// "--max-epochs" -> "LOCKSTEP_TRAINER_MAX_EPOCHS"
-std::string variable_for(const std::string& flag) {
+std::string detail::variable_for(const std::string& flag) {
   std::string name = flag.substr(2);
   std::transform(name.begin(), name.end(), name.begin(),
                  [](unsigned char c) { return c == '-' ? '_' : static_cast<char>(std::toupper(c)); });
   return "LOCKSTEP_TRAINER_" + name;
 }
+
+namespace {
+
+using detail::variable_for;
 
 template <typename T>
 CLI::Option* add(CLI::App& app, const std::string& flag, T& value, const std::string& help) {
@@ -175,13 +179,12 @@ std::string backend_help() {
   return names + " (what this build can create; no mpi); default gloo on cpu, nccl on cuda";
 }
 
-}  // namespace
-
-void add_plan_flags(CLI::App& app, PlanOptions& o) {
+// The flags of where and how the processes run, without the strategies' own.
+void add_plan_flags_of(CLI::App& app, PlanOptions& o) {
   o.trainer_variables(false);  // the flags read the variables: the Trainer must not read them again
   add(app, "--accelerator", o.accelerator(), "auto|cpu|cuda|gpu");
   add(app, "--devices", o.devices(), "auto, a count N, -1 (all GPUs), or GPU ids \"0,2\"");
-  add(app, "--strategy", o.strategy(), "auto|single_device|ddp|ddp_fork|ddp_separate|ddp_find_unused_parameters_true|...");
+  add(app, "--strategy", o.strategy(), "auto|single_device|ddp|ddp_fork|ddp_separate|ddp_find_unused_parameters_true|fsdp|fsdp_hybrid_shard|...");
   add(app, "--auto-select-gpus", o.auto_select_gpus(), "true|false: with a device count on cuda, pick free GPUs");
   add(app, "--num-nodes", o.num_nodes(), "nodes in the job")->check(CLI::Range(1, 1 << 20));
   add(app, "--precision", o.precision(), "32-true|64-true|bf16-mixed|16-mixed");
@@ -191,29 +194,20 @@ void add_plan_flags(CLI::App& app, PlanOptions& o) {
   add(app, "--distributed-debug", o.distributed_debug(), "off|detail: the ranks compare each collective's call first");
   add(app, "--max-restarts", o.max_restarts(), "self-launch: start the job again after a failure, up to N times")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
-  add(app, "--fsdp-sharding", o.fsdp_sharding(),
-      "with --strategy fsdp: FULL_SHARD|SHARD_GRAD_OP|SHARD_OPTIMIZER_STATE|HYBRID_SHARD|NO_SHARD");
-  add(app, "--fsdp-auto-wrap-min-params", o.fsdp_auto_wrap_min_params(),
-      "with --strategy fsdp: Sequential children with this many parameters are units of their own (0: one unit)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
-  add(app, "--fsdp-auto-wrap-types", o.fsdp_auto_wrap_types(),
-      "with --strategy fsdp: Sequential children of these types (comma-separated: Block,Conv2d) are units");
-  add(app, "--fsdp-activation-checkpointing-types", o.fsdp_activation_checkpointing_types(),
-      "with --strategy fsdp: Sequential children of these types are units whose activations backward recomputes");
-  add(app, "--fsdp-hybrid-shard-size", o.fsdp_hybrid_shard_size(),
-      "with --fsdp-sharding HYBRID_SHARD: consecutive ranks that shard one copy (0: each node's)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
-  add(app, "--fsdp-param-dtype", o.fsdp_param_dtype(),
-      "with --strategy fsdp: bf16|16: child units gathered and computed in it, shards and optimizer in float32");
-  add(app, "--fsdp-reduce-dtype", o.fsdp_reduce_dtype(), "with --strategy fsdp: bf16|16: the dtype gradients are reduced in");
-  add(app, "--fsdp-state-dict-type", o.fsdp_state_dict_type(),
-      "with --strategy fsdp: full|sharded: checkpoints whole in one file, or each rank's pieces in a directory");
+}
+
+}  // namespace
+
+void add_plan_flags(CLI::App& app, PlanOptions& o) {
+  add_plan_flags_of(app, o);
+  detail::add_fsdp_flags(app, o, /*trainer_checkpoints=*/false);
 }
 
 void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
   auto* group = app.add_option_group("Trainer", "Trainer flags (each also LOCKSTEP_TRAINER_<FLAG>)");
   auto& g = *group;
-  add_plan_flags(g, o);
+  add_plan_flags_of(g, o);
+  detail::add_fsdp_flags(g, o, /*trainer_checkpoints=*/true);
   add(g, "--max-epochs", o.max_epochs(), "stop after this many epochs (-1: 1000 unless --max-steps)")
       ->check(CLI::Range(int64_t{-1}, int64_t{1} << 40));
   add(g, "--max-steps", o.max_steps(), "stop after this many optimizer steps (-1: no limit)")

@@ -65,18 +65,15 @@ void Fabric::set_checkpoint_io(std::shared_ptr<checkpoint::CheckpointIO> io) {
 void Fabric::launch() {
   LOCKSTEP_CHECK(!plan_, UsageError, "Fabric::launch() was called twice; call it once, before setup.");
   core::warn_if_reference_blas();
-  plan_ = lockstep::launch(resolve_plan(options_, environments::Environ::from_process(), user_strategy_,
-                                        accelerators::cuda_device_count(), accelerators::probe_cuda_device,
-                                        user_environment_));
-  LOCKSTEP_CHECK(!plan_->strategy->saves_pieces(), UsageError,
-                 "--fsdp-state-dict-type sharded is for the Trainer's checkpoints; Fabric::save writes whole "
-                 "tensors gathered from every rank. Drop --fsdp-state-dict-type (or give full).");
-  if (plan_->precision.scales_loss()) {
-    LOCKSTEP_CHECK(!plan_->strategy->shards_state(), UsageError, "--precision ", plan_->precision.name(),
-                   " scales the loss, and its check for inf gradients would see only this rank's shard under "
-                   "--strategy ", plan_->strategy->name(), ". Use --precision bf16-mixed or 32-true with it.");
-    scaler_ = std::make_unique<GradScaler>();
-  }
+  auto plan = resolve_plan(options_, environments::Environ::from_process(), user_strategy_,
+                           accelerators::cuda_device_count(), accelerators::probe_cuda_device, user_environment_);
+  // Fabric::save gathers whole tensors; a strategy that saves each rank's pieces would write
+  // only rank 0's.
+  LOCKSTEP_CHECK(!plan.strategy->saves_pieces(), UsageError, "Fabric::save writes whole tensors gathered from "
+                 "every rank, and strategy ", plan.strategy->name(), " saves each rank's pieces (FSDPStrategy with "
+                 "StateDictType::sharded, which is for the Trainer's checkpoints). Give it StateDictType::full.");
+  plan_ = lockstep::launch(std::move(plan));
+  if (plan_->precision.scales_loss()) scaler_ = std::make_unique<GradScaler>();
 }
 
 const ExecutionPlan& Fabric::launched(const char* call) const {

@@ -7,7 +7,6 @@
 #include <iostream>
 #include <map>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,7 +15,6 @@
 #include <lockstep/distributed/process_group.h>
 #include <lockstep/distributed/rank_zero.h>
 #include <lockstep/environments/torchelastic_environment.h>
-#include <lockstep/strategies/fsdp_strategy.h>
 #include <lockstep/strategies/registry.h>
 
 namespace lockstep {
@@ -146,91 +144,93 @@ std::shared_ptr<strategies::Strategy> strategy_for(const PlanOptions& o, int pro
   return strategies::create_strategy(name);
 }
 
-// "Block, Conv2d" -> {"Block", "Conv2d"}.
-std::vector<std::string> type_names(const std::string& list) {
-  std::vector<std::string> names;
-  std::stringstream in(list);
-  for (std::string name; std::getline(in, name, ',');) {
-    name.erase(0, name.find_first_not_of(" \t"));
-    name.erase(name.find_last_not_of(" \t") + 1);
-    if (!name.empty()) names.push_back(name);
-  }
-  return names;
+// A process that Lockstep starts would read the same ranks from a user's environment as the
+// first one, so only an environment whose scheduler starts every process is taken.
+std::shared_ptr<environments::ClusterEnvironment> environment_for(
+    const environments::Environ& environ, std::shared_ptr<environments::ClusterEnvironment> given) {
+  if (!given) return environments::detect_environment(environ);
+  LOCKSTEP_CHECK(given->creates_processes_externally(), UsageError, "set_cluster_environment: the environment '",
+                 given->name(), "' does not start the processes (creates_processes_externally() is false), so "
+                 "Lockstep would start them and each would take the same ranks from it. Return true there when "
+                 "your scheduler starts every process, or leave the environment to detection.");
+  return given;
 }
 
-// --fsdp-param-dtype and --fsdp-reduce-dtype: "bf16" or "16".
-at::ScalarType low_precision_dtype(const std::string& flag, const std::string& name) {
-  if (name == "bf16" || name == "bfloat16") return at::kBFloat16;
-  if (name == "16" || name == "float16" || name == "half") return at::kHalf;
-  throw UsageError(flag + " '" + name + "' is not known. Use bf16 or 16 (float16), or drop it for float32.");
-}
-
-// --fsdp-* set the sharding of --strategy fsdp (or of an FSDPStrategy object, where they are not
-// at their defaults); with any other strategy they are refused.
-void apply_sharding_options(const PlanOptions& o, strategies::Strategy& strategy) {
-  const PlanOptions d;
-  const bool sharding_set = o.fsdp_sharding() != d.fsdp_sharding();
-  const bool units_set = o.fsdp_auto_wrap_min_params() != d.fsdp_auto_wrap_min_params();
-  const bool types_set = o.fsdp_auto_wrap_types() != d.fsdp_auto_wrap_types();
-  const bool checkpointing_set = o.fsdp_activation_checkpointing_types() != d.fsdp_activation_checkpointing_types();
-  const bool state_set = o.fsdp_state_dict_type() != d.fsdp_state_dict_type();
-  const bool hybrid_set = o.fsdp_hybrid_shard_size() != d.fsdp_hybrid_shard_size();
-  const bool dtype_set = o.fsdp_param_dtype() != d.fsdp_param_dtype() || o.fsdp_reduce_dtype() != d.fsdp_reduce_dtype();
-  auto* fsdp = dynamic_cast<strategies::FSDPStrategy*>(&strategy);
-  if (!fsdp) {
-    LOCKSTEP_CHECK(!state_set, UsageError, "--fsdp-state-dict-type ", o.fsdp_state_dict_type(),
-                   " is for --strategy fsdp, but the strategy is ", strategy.name(), ". Add --strategy fsdp, or drop it.");
-    LOCKSTEP_CHECK(!dtype_set, UsageError, o.fsdp_param_dtype().empty() ? "--fsdp-reduce-dtype " : "--fsdp-param-dtype ",
-                   o.fsdp_param_dtype().empty() ? o.fsdp_reduce_dtype() : o.fsdp_param_dtype(),
-                   " is for --strategy fsdp, but the strategy is ", strategy.name(),
-                   ". Add --strategy fsdp, or use --precision bf16-mixed.");
-    LOCKSTEP_CHECK(!hybrid_set, UsageError, "--fsdp-hybrid-shard-size ", o.fsdp_hybrid_shard_size(),
-                   " is for --strategy fsdp, but the strategy is ", strategy.name(), ". Add --strategy fsdp, or drop it.");
-    LOCKSTEP_CHECK(!types_set && !checkpointing_set, UsageError,
-                   types_set ? "--fsdp-auto-wrap-types " + o.fsdp_auto_wrap_types()
-                             : "--fsdp-activation-checkpointing-types " + o.fsdp_activation_checkpointing_types(),
-                   " is for --strategy fsdp, but the strategy is ", strategy.name(), ". Add --strategy fsdp, or drop it.");
-    LOCKSTEP_CHECK(!sharding_set && !units_set, UsageError, sharding_set ? "--fsdp-sharding " : "",
-                   sharding_set ? o.fsdp_sharding() : "", sharding_set && units_set ? " and " : "",
-                   units_set ? "--fsdp-auto-wrap-min-params " + std::to_string(o.fsdp_auto_wrap_min_params()) : "",
-                   " shard with --strategy fsdp, but the strategy is ", strategy.name(),
-                   ". Add --strategy fsdp, or drop them.");
+// The devices and nodes against the scheduler's job, or, without one, the manual recipe.
+void check_placement(const PlanOptions& o, const environments::Environ& environ, const strategies::StrategyContext& c) {
+  if (!c.environment->creates_processes_externally()) {
+    // Several nodes without a scheduler: Lightning's manual recipe, NODE_RANK on each node (this
+    // process starts its node's ranks), which the environment checks.
+    const std::string nodes = std::to_string(c.num_nodes);
+    LOCKSTEP_CHECK(c.num_nodes == 1 || environ.has("NODE_RANK"), UsageError, "--num-nodes ", nodes,
+                   " but no scheduler started this process. Start this program once per node with NODE_RANK (0 to ",
+                   c.num_nodes - 1, "), MASTER_ADDR (node 0's address) and MASTER_PORT set, or start one process "
+                   "per node with `lockstep launch --nnodes ", nodes, " ...`, torchrun, srun or mpirun.");
+    c.environment->validate_settings(c.devices_per_node, c.num_nodes);
     return;
   }
-  if (sharding_set) {
-    try {
-      fsdp->sharding_options().sharding_strategy(distributed::parse_sharding_strategy(o.fsdp_sharding()));
-    } catch (const UsageError& e) {
-      throw UsageError("--fsdp-sharding: " + message_of(e));
-    }
+  try {
+    c.environment->validate_settings(c.devices_per_node, c.num_nodes);
+  } catch (const environments::EnvironmentError& e) {
+    const auto scheduled = scheduler_devices(o, *c.environment);
+    if (!scheduled) throw;
+    // The user did not give --devices: say where the number came from.
+    throw environments::EnvironmentError(scheduled->how + ". " + message_of(e) +
+                                         (scheduled->from_num_nodes ? " Or give --num-nodes the job's node count." : ""));
   }
-  LOCKSTEP_CHECK(o.fsdp_auto_wrap_min_params() >= 0, UsageError, "--fsdp-auto-wrap-min-params ",
-                 o.fsdp_auto_wrap_min_params(), " is negative; give 0 (one unit) or a parameter count.");
-  if (units_set) fsdp->sharding_options().auto_wrap_min_params(o.fsdp_auto_wrap_min_params());
-  if (types_set) fsdp->sharding_options().auto_wrap_module_types(type_names(o.fsdp_auto_wrap_types()));
-  if (checkpointing_set) {
-    fsdp->sharding_options().activation_checkpointing_module_types(type_names(o.fsdp_activation_checkpointing_types()));
+}
+
+// --process-group-backend, or gloo on cpu and nccl on cuda; one this build can create.
+std::string backend_for(const PlanOptions& o, accelerators::Accelerator accelerator) {
+  const bool on_cuda = accelerator == accelerators::Accelerator::cuda;
+  const std::string backend = o.process_group_backend().empty() ? (on_cuda ? "nccl" : "gloo") : o.process_group_backend();
+  const auto backends = distributed::available_backends();
+  if (std::find(backends.begin(), backends.end(), backend) == backends.end()) {
+    std::string names;
+    for (const auto& b : backends) names += (names.empty() ? "" : ", ") + b;
+    throw UsageError("--process-group-backend " + backend + " is not available: this build of Lockstep can create " +
+                     names + ". Use --process-group-backend " + backends.front() + "." +
+                     (backend == "mpi" ? " Lockstep builds no MPI process group on any build; under mpirun the ranks "
+                                         "meet over gloo or nccl." : ""));
   }
-  if (!o.fsdp_param_dtype().empty()) {
-    fsdp->sharding_options().param_dtype(low_precision_dtype("--fsdp-param-dtype", o.fsdp_param_dtype()));
-  }
-  if (!o.fsdp_reduce_dtype().empty()) {
-    fsdp->sharding_options().reduce_dtype(low_precision_dtype("--fsdp-reduce-dtype", o.fsdp_reduce_dtype()));
-  }
-  if (hybrid_set) {
-    LOCKSTEP_CHECK(fsdp->sharding_options().sharding_strategy() == distributed::ShardingStrategy::hybrid_shard,
-                   UsageError, "--fsdp-hybrid-shard-size ", o.fsdp_hybrid_shard_size(), " is for --fsdp-sharding "
-                   "HYBRID_SHARD, but the sharding is ", distributed::to_string(fsdp->sharding_options().sharding_strategy()),
-                   ". Add --fsdp-sharding HYBRID_SHARD, or drop it.");
-    fsdp->sharding_options().hybrid_shard_size(static_cast<int>(o.fsdp_hybrid_shard_size()));
-  }
-  if (state_set) {
-    try {
-      fsdp->state_dict_type(strategies::parse_state_dict_type(o.fsdp_state_dict_type()));
-    } catch (const UsageError& e) {
-      throw UsageError("--fsdp-state-dict-type: " + message_of(e));
-    }
-  }
+  LOCKSTEP_CHECK(backend != "nccl" || on_cuda, UsageError, "--process-group-backend nccl reduces CUDA tensors, but the "
+                 "accelerator is ", accelerators::to_string(accelerator),
+                 ". Use --accelerator cuda, or --process-group-backend gloo.");
+  return backend;
+}
+
+// Once, for the Trainer and Fabric (Lightning's _validate_precision_choice): loss scaling checks
+// every gradient for inf, and a strategy that shards state would let each rank see only its shard.
+void check_precision_against_strategy(const ExecutionPlan& plan) {
+  LOCKSTEP_CHECK(!plan.precision.scales_loss() || !plan.strategy->shards_state(), UsageError, "--precision ",
+                 plan.precision.name(), " scales the loss, and its check for inf gradients would see only this "
+                 "rank's shard under --strategy ", plan.strategy->name(),
+                 ". Use --precision bf16-mixed or 32-true with it.");
+}
+
+// --distributed-debug: off or detail, in any case.
+bool collectives_checked(const PlanOptions& o) {
+  std::string debug = o.distributed_debug();
+  std::transform(debug.begin(), debug.end(), debug.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  LOCKSTEP_CHECK(debug == "off" || debug == "detail", UsageError, "--distributed-debug '", o.distributed_debug(),
+                 "' is not known: use off (the default) or detail (the ranks compare each collective's call first).");
+  return debug == "detail";
+}
+
+// Only a job the Trainer launches itself, on this machine, can be started again by it.
+void check_restarts(const PlanOptions& o, const environments::Environ& environ, const strategies::StrategyContext& c) {
+  if (o.max_restarts() <= 0) return;
+  const std::string fix = " Use the restarts of what starts the processes (lockstep launch --max-restarts " +
+                          std::to_string(o.max_restarts()) + ", torchrun --max-restarts), and --ckpt-path last.";
+  // A worker the Trainer launched has the launch's TORCHELASTIC_MAX_RESTARTS.
+  const bool launched_by_us = environ.get("TORCHELASTIC_MAX_RESTARTS") == std::to_string(o.max_restarts());
+  LOCKSTEP_CHECK(!c.environment->creates_processes_externally() || launched_by_us, UsageError, "--max-restarts ",
+                 o.max_restarts(), ": this process was started by a launcher (", c.environment->name(),
+                 "), not by the Trainer or Fabric.", fix);
+  LOCKSTEP_CHECK(c.devices_per_node * c.num_nodes > 1 && c.num_nodes == 1, UsageError, "--max-restarts ",
+                 o.max_restarts(), " restarts the processes the Trainer or Fabric launches on one machine (--devices 2 or "
+                 "more, --num-nodes 1); this run has ", c.devices_per_node, " process(es) on ", c.num_nodes,
+                 " node(s).", fix);
 }
 
 // Options that change nothing in this run: a note on rank 0, where Lightning would warn.
@@ -268,85 +268,22 @@ ExecutionPlan resolve_plan(const PlanOptions& o, const environments::Environ& en
                            std::shared_ptr<environments::ClusterEnvironment> environment) {
   ExecutionPlan plan;
   auto& c = plan.context;
-  // A process that Lockstep starts would read the same ranks from a user's environment as the
-  // first one, so only an environment whose scheduler starts every process is taken.
-  LOCKSTEP_CHECK(!environment || environment->creates_processes_externally(), UsageError,
-                 "set_cluster_environment: the environment '", environment ? environment->name() : "",
-                 "' does not start the processes (creates_processes_externally() is false), so Lockstep would start "
-                 "them and each would take the same ranks from it. Return true there when your scheduler starts "
-                 "every process, or leave the environment to detection.");
-  c.environment = environment;
-  if (!c.environment) c.environment = environments::detect_environment(environ);
+  c.environment = environment_for(environ, std::move(environment));
   c.accelerator = accelerators::parse_accelerator(o.accelerator(), cuda_count);
   LOCKSTEP_CHECK(o.num_nodes() >= 1, UsageError, "--num-nodes ", o.num_nodes(), " is not a node count: use 1 or more.");
   c.num_nodes = o.num_nodes();
   c.devices_per_node = devices_for(o, environ, *c.environment, c.accelerator, cuda_count, probe, c.gpu_ids);
-  if (c.environment->creates_processes_externally()) {
-    try {
-      c.environment->validate_settings(c.devices_per_node, c.num_nodes);
-    } catch (const environments::EnvironmentError& e) {
-      const auto scheduled = scheduler_devices(o, *c.environment);
-      if (!scheduled) throw;
-      // The user did not give --devices: say where the number came from.
-      throw environments::EnvironmentError(scheduled->how + ". " + message_of(e) +
-                                           (scheduled->from_num_nodes ? " Or give --num-nodes the job's node count." : ""));
-    }
-  } else {
-    // Several nodes without a scheduler: Lightning's manual recipe, NODE_RANK on each node (this
-    // process starts its node's ranks), which the environment checks.
-    const std::string nodes = std::to_string(c.num_nodes);
-    LOCKSTEP_CHECK(c.num_nodes == 1 || environ.has("NODE_RANK"), UsageError, "--num-nodes ", nodes,
-                   " but no scheduler started this process. Start this program once per node with NODE_RANK (0 to ",
-                   c.num_nodes - 1, "), MASTER_ADDR (node 0's address) and MASTER_PORT set, or start one process "
-                   "per node with `lockstep launch --nnodes ", nodes, " ...`, torchrun, srun or mpirun.");
-    c.environment->validate_settings(c.devices_per_node, c.num_nodes);
-  }
+  check_placement(o, environ, c);
   plan.precision = Precision::parse(o.precision(), c.accelerator);
-  c.process_group_backend =
-      o.process_group_backend().empty() ? (c.accelerator == accelerators::Accelerator::cuda ? "nccl" : "gloo")
-                                        : o.process_group_backend();
-  const auto backends = distributed::available_backends();
-  if (std::find(backends.begin(), backends.end(), c.process_group_backend) == backends.end()) {
-    std::string names;
-    for (const auto& b : backends) names += (names.empty() ? "" : ", ") + b;
-    throw UsageError("--process-group-backend " + c.process_group_backend + " is not available: this build of "
-                     "Lockstep can create " + names + ". Use --process-group-backend " + backends.front() + "." +
-                     (c.process_group_backend == "mpi" ? " Lockstep builds no MPI process group on any build; under "
-                                                         "mpirun the ranks meet over gloo or nccl." : ""));
-  }
-  LOCKSTEP_CHECK(c.process_group_backend != "nccl" || c.accelerator == accelerators::Accelerator::cuda, UsageError,
-                 "--process-group-backend nccl reduces CUDA tensors, but the accelerator is ",
-                 accelerators::to_string(c.accelerator), ". Use --accelerator cuda, or --process-group-backend gloo.");
+  c.process_group_backend = backend_for(o, c.accelerator);
   plan.strategy = strategy_for(o, c.devices_per_node * c.num_nodes, std::move(strategy));
-  apply_sharding_options(o, *plan.strategy);
-  const auto* fsdp = dynamic_cast<const strategies::FSDPStrategy*>(plan.strategy.get());
-  LOCKSTEP_CHECK(!fsdp || fsdp->sharding_options().param_dtype() != at::kHalf ||
-                     c.accelerator == accelerators::Accelerator::cuda,
-                 UsageError, "--fsdp-param-dtype 16 computes in float16, which LibTorch's CPU matmuls lack, and "
-                 "the accelerator is ", accelerators::to_string(c.accelerator),
-                 ". Use --fsdp-param-dtype bf16, or --accelerator cuda.");
+  if (o.configure_strategy()) o.configure_strategy()(*plan.strategy);
+  check_precision_against_strategy(plan);
   c.timeout_seconds = o.timeout();
   c.sync_batchnorm = o.sync_batchnorm();
-  std::string debug = o.distributed_debug();
-  std::transform(debug.begin(), debug.end(), debug.begin(), [](unsigned char ch) { return std::tolower(ch); });
-  LOCKSTEP_CHECK(debug == "off" || debug == "detail", UsageError, "--distributed-debug '", o.distributed_debug(),
-                 "' is not known: use off (the default) or detail (the ranks compare each collective's call first).");
-  c.check_collectives = debug == "detail";
+  c.check_collectives = collectives_checked(o);
   c.max_restarts = static_cast<int>(o.max_restarts());
-  if (o.max_restarts() > 0) {
-    // Only a job the Trainer launches itself, on this machine, can be started again by it.
-    const std::string fix = " Use the restarts of what starts the processes (lockstep launch --max-restarts " +
-                            std::to_string(o.max_restarts()) + ", torchrun --max-restarts), and --ckpt-path last.";
-    // A worker the Trainer launched has the launch's TORCHELASTIC_MAX_RESTARTS.
-    const bool launched_by_us = environ.get("TORCHELASTIC_MAX_RESTARTS") == std::to_string(o.max_restarts());
-    LOCKSTEP_CHECK(!c.environment->creates_processes_externally() || launched_by_us, UsageError, "--max-restarts ",
-                   o.max_restarts(), ": this process was started by a launcher (", c.environment->name(),
-                   "), not by the Trainer or Fabric.", fix);
-    LOCKSTEP_CHECK(c.devices_per_node * c.num_nodes > 1 && c.num_nodes == 1, UsageError, "--max-restarts ",
-                   o.max_restarts(), " restarts the processes the Trainer or Fabric launches on one machine (--devices 2 or "
-                   "more, --num-nodes 1); this run has ", c.devices_per_node, " process(es) on ", c.num_nodes,
-                   " node(s).", fix);
-  }
+  check_restarts(o, environ, c);
   note_idle_options(o, c);
   plan.strategy->set_context(c);
   return plan;

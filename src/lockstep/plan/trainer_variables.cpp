@@ -99,16 +99,6 @@ void apply_trainer_variables(PlanOptions& o, const environments::Environ& enviro
   v.set("timeout", o.timeout(), d.timeout(), 0.001, 1e9);
   v.set("distributed_debug", o.distributed_debug(), d.distributed_debug());
   v.set("max_restarts", o.max_restarts(), d.max_restarts(), 0, int64_t{1} << 20);
-  v.set("fsdp_sharding", o.fsdp_sharding(), d.fsdp_sharding());
-  v.set("fsdp_auto_wrap_min_params", o.fsdp_auto_wrap_min_params(), d.fsdp_auto_wrap_min_params(), 0,
-        int64_t{1} << 50);
-  v.set("fsdp_auto_wrap_types", o.fsdp_auto_wrap_types(), d.fsdp_auto_wrap_types());
-  const auto checkpointing = "fsdp_activation_checkpointing_types";
-  v.set(checkpointing, o.fsdp_activation_checkpointing_types(), d.fsdp_activation_checkpointing_types());
-  v.set("fsdp_param_dtype", o.fsdp_param_dtype(), d.fsdp_param_dtype());
-  v.set("fsdp_reduce_dtype", o.fsdp_reduce_dtype(), d.fsdp_reduce_dtype());
-  v.set("fsdp_hybrid_shard_size", o.fsdp_hybrid_shard_size(), d.fsdp_hybrid_shard_size(), 0, int64_t{1} << 20);
-  v.set("fsdp_state_dict_type", o.fsdp_state_dict_type(), d.fsdp_state_dict_type());
   o.trainer_variables(false);
 }
 

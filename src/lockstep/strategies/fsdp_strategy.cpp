@@ -18,9 +18,29 @@ namespace lockstep {
 namespace strategies {
 namespace {
 
-const bool fsdp_registered = register_strategy(
-    "fsdp", [] { return std::make_shared<FSDPStrategy>(); },
-    "sharded data parallel: parameters, gradients and optimizer state split over the ranks (--fsdp-sharding)");
+// One name per sharding, as Lightning registers fsdp_cpu_offload: --strategy fsdp_hybrid_shard.
+const bool fsdp_registered = [] {
+  using distributed::ShardingStrategy;
+  const auto add = [](const std::string& name, ShardingStrategy sharding, const std::string& description) {
+    register_strategy(
+        name,
+        [name, sharding] {
+          return std::make_shared<FSDPStrategy>(distributed::ShardingOptions().sharding_strategy(sharding),
+                                                StateDictType::full, name);
+        },
+        description);
+  };
+  add("fsdp", ShardingStrategy::full_shard,
+      "sharded data parallel (FULL_SHARD): parameters, gradients and optimizer state split over the ranks");
+  add("fsdp_shard_grad_op", ShardingStrategy::shard_grad_op,
+      "fsdp with SHARD_GRAD_OP (ZeRO-2): gradients and optimizer state split, parameters whole");
+  add("fsdp_shard_optimizer_state", ShardingStrategy::shard_optimizer_state,
+      "fsdp with SHARD_OPTIMIZER_STATE (ZeRO-1): the optimizer state split");
+  add("fsdp_hybrid_shard", ShardingStrategy::hybrid_shard,
+      "fsdp with HYBRID_SHARD: FULL_SHARD within each node, the nodes replicas");
+  add("fsdp_no_shard", ShardingStrategy::no_shard, "fsdp with NO_SHARD: nothing split, as ddp");
+  return true;
+}();
 
 // Fabric's view of one FullyShardedDataParallel.
 class FSDPModule : public WrappedModule {
@@ -60,10 +80,19 @@ StateDictType parse_state_dict_type(const std::string& name) {
                    "directory of each rank's pieces).");
 }
 
-FSDPStrategy::FSDPStrategy(distributed::ShardingOptions options, StateDictType state_dict_type)
-    : ParallelStrategy("popen", "fsdp"),
+FSDPStrategy::FSDPStrategy(distributed::ShardingOptions options, StateDictType state_dict_type, std::string name)
+    : ParallelStrategy("popen", std::move(name)),
       options_(std::move(options)),
       state_dict_type_(state_dict_type) {}
+
+void FSDPStrategy::set_context(const StrategyContext& context) {
+  LOCKSTEP_CHECK(options_.param_dtype() != at::kHalf || context.accelerator == accelerators::Accelerator::cuda,
+                 UsageError, "--strategy ", name(), ": param_dtype float16 (--fsdp-param-dtype 16) computes in "
+                 "float16, which LibTorch's CPU matmuls lack, and the accelerator is ",
+                 accelerators::to_string(context.accelerator), ". Use --fsdp-param-dtype bf16, or --accelerator "
+                 "cuda (in code: ShardingOptions().param_dtype(at::kBFloat16)).");
+  ParallelStrategy::set_context(context);
+}
 
 std::shared_ptr<WrappedModule> FSDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
   LOCKSTEP_CHECK(!context_.sync_batchnorm, UsageError,

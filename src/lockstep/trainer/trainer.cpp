@@ -197,9 +197,6 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
     LOCKSTEP_CHECK(module_->automatic_optimization(), UsageError, "--precision ", plan_.precision.name(),
                    " scales the loss in the Trainer's own optimizer step, and this module optimizes manually. "
                    "Use --precision bf16-mixed or 32-true, or automatic optimization.");
-    LOCKSTEP_CHECK(!plan_.strategy->shards_state(), UsageError, "--precision ", plan_.precision.name(),
-                   " scales the loss, and its check for inf gradients would see only this rank's shard under "
-                   "--strategy ", plan_.strategy->name(), ". Use --precision bf16-mixed or 32-true with it.");
     scaler_.emplace();
   }
 }

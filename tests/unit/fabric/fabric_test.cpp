@@ -11,10 +11,12 @@
 #include <torch/torch.h>
 
 #include <lockstep/checkpoint/checkpoint_io.h>
+#include <lockstep/cli/trainer_flags.h>
 #include <lockstep/core/error.h>
 #include <lockstep/environments/local_environment.h>
 #include <lockstep/fabric/fabric.h>
 #include <lockstep/loggers/csv_logger.h>
+#include <lockstep/strategies/fsdp_strategy.h>
 
 #include "../../support/command.h"
 #include "../../support/paths.h"
@@ -24,6 +26,20 @@
 #include "../../support/written_parameters.h"
 
 namespace lockstep {
+namespace fabric_test {
+
+// FabricOptions as a Fabric program's flags (cli::add_fabric_flags) set them from `line`.
+FabricOptions fabric_flags(const std::string& line) {
+  FabricOptions options;
+  int64_t seed = -1;
+  CLI::App app("prog");
+  cli::add_fabric_flags(app, options, seed);
+  app.parse(line, false);
+  return options;
+}
+
+}  // namespace fabric_test
+
 namespace {
 
 struct Net : torch::nn::Module {
@@ -98,7 +114,7 @@ TEST(Fabric, SetClusterEnvironmentReplacesTheDetectedOne) {
 TEST(Fabric, BadOptionsAreTheTrainersUsageErrors) {
   const std::vector<std::pair<FabricOptions, std::string>> cases = {
       {FabricOptions().strategy("deepspeed"), "Use --strategy ddp"},
-      {FabricOptions().strategy("ddp").fsdp_sharding("SHARD_GRAD_OP"), "Add --strategy fsdp"},
+      {fabric_test::fabric_flags("--strategy ddp --fsdp-sharding SHARD_GRAD_OP"), "Add --strategy fsdp"},
       {FabricOptions().strategy("nope"), "Use auto or one of"},
       {FabricOptions().devices("two"), "--devices 2"},
       {FabricOptions().precision("8"), "Use 32-true"},
@@ -113,6 +129,23 @@ TEST(Fabric, BadOptionsAreTheTrainersUsageErrors) {
     } catch (const UsageError& e) {
       EXPECT_NE(std::string(e.what()).find(fix), std::string::npos) << e.what();
     }
+  }
+}
+
+// Fabric::save gathers whole tensors: an FSDPStrategy that saves each rank's pieces (the Trainer's
+// sharded checkpoints) is refused before any process starts.
+TEST(Fabric, AStrategyThatSavesPiecesIsRefused) {
+  Fabric fabric(one_process());
+  fabric.set_strategy(std::make_shared<strategies::FSDPStrategy>(distributed::ShardingOptions(),
+                                                                 strategies::StateDictType::sharded));
+  try {
+    fabric.launch();
+    ADD_FAILURE() << "a sharded state dict type was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("strategy fsdp saves each rank's pieces (FSDPStrategy with "
+                                         "StateDictType::sharded, which is for the Trainer's checkpoints). Give it "
+                                         "StateDictType::full."),
+              std::string::npos) << e.what();
   }
 }
 

@@ -17,6 +17,7 @@
 #include <lockstep/launchers/local_launcher.h>
 #include <lockstep/launchers/worker_environment.h>
 #include <lockstep/strategies/ddp_strategy.h>
+#include <lockstep/strategies/fsdp_strategy.h>
 #include <lockstep/trainer/trainer_options.h>
 #include "../../support/errors.h"
 #include "../../support/fake_gpus.h"
@@ -169,6 +170,26 @@ TEST(ConnectorPrecision, MixedPrecisionAutocastsOnTheAcceleratorsDevice) {
   EXPECT_NE(message.find("needs CUDA (float16 autocast); on CPU use --precision bf16-mixed"), std::string::npos) << message;
 }
 
+// Loss scaling (16-mixed) and a strategy that shards state are refused once, here, for the
+// Trainer and Fabric alike (Lightning's _validate_precision_choice): the inf check would see one
+// rank's shard. bf16-mixed, which scales nothing, goes with it.
+TEST(ConnectorPrecision, LossScalingWithAStrategyThatShardsStateIsRefused) {
+  FakeGpus gpus{{}};
+  const auto plan = [&](const char* precision, const std::string& strategy) {
+    return resolve_plan(cuda("1").precision(precision).strategy(strategy), environments::Environ(), nullptr, 1,
+                        gpus.probe());
+  };
+  for (const std::string strategy : {"fsdp", "fsdp_shard_grad_op"}) {
+    const auto message = error_of<UsageError>([&] { plan("16-mixed", strategy); });
+    EXPECT_NE(message.find("--precision 16-mixed scales the loss, and its check for inf gradients would see only this "
+                           "rank's shard under --strategy " + strategy +
+                           ". Use --precision bf16-mixed or 32-true with it."),
+              std::string::npos) << message;
+    EXPECT_EQ(plan("bf16-mixed", strategy).strategy->name(), strategy);
+  }
+  EXPECT_TRUE(plan("16-mixed", "ddp").precision.scales_loss()) << "DDP keeps whole gradients";
+}
+
 // The backends this build can create are taken (nccl, the default on CUDA, with a LibTorch built
 // with NCCL); any other is refused, listing the ones it can.
 TEST(ConnectorBackend, OnlyTheBackendsThisBuildCanCreateAreTaken) {
@@ -232,6 +253,27 @@ TEST(ConnectorStrategy, ASingleDeviceObjectWithSeveralProcessesIsRefused) {
   EXPECT_NE(message.find("set_strategy(single_device) runs one process, but --devices 2 --num-nodes 1 asks for 2. "
                          "Use a DDPStrategy, or --devices 1."),
             std::string::npos) << message;
+}
+
+// configure_strategy gets the strategy the connector chose, by name or as the object given, before
+// the plan's context is set; a UsageError it throws is the plan's.
+TEST(ConnectorStrategy, ConfigureStrategyGetsTheChosenStrategy) {
+  std::vector<const strategies::Strategy*> seen;
+  const auto options = PlanOptions().accelerator("cpu").devices("2").configure_strategy(
+      [&](strategies::Strategy& strategy) {
+        EXPECT_EQ(strategy.context().environment, nullptr) << "before set_context";
+        seen.push_back(&strategy);
+      });
+  const auto named = resolve_plan(options, environments::Environ(), nullptr, 0);
+  EXPECT_EQ(named.strategy->name(), "ddp");
+  const auto object = std::make_shared<strategies::FSDPStrategy>();
+  EXPECT_EQ(resolve_plan(options, environments::Environ(), object, 0).strategy, object);
+  EXPECT_EQ(seen, (std::vector<const strategies::Strategy*>{named.strategy.get(), object.get()}));
+  const auto refusing = PlanOptions().accelerator("cpu").configure_strategy([](strategies::Strategy& strategy) {
+    throw UsageError("not for " + strategy.name());
+  });
+  EXPECT_EQ(error_of<UsageError>([&] { resolve_plan(refusing, environments::Environ(), nullptr, 0); }),
+            "not for single_device");
 }
 
 // Options that cannot act in this run say so on rank 0, instead of doing nothing in silence.

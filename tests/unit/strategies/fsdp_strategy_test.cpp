@@ -1,6 +1,7 @@
-// FSDPStrategy as the connector makes it from --strategy fsdp and the --fsdp-* flags, on 2 ranks
-// run as threads: the flags reach the wrapper, the optimizers it cannot step are refused, and the
-// state it gives checkpoints is whole and loads back into the shards.
+// FSDPStrategy as the connector makes it from its registered names or takes it as an object with
+// its ShardingOptions, on 2 ranks run as threads: the settings reach the wrapper, the optimizers it
+// cannot step are refused, and the state it gives checkpoints is whole and loads back into the
+// shards. (The --fsdp-* flags: tests/unit/cli/fsdp_flags_test.cpp.)
 #include <lockstep/strategies/fsdp_strategy.h>
 
 #include <map>
@@ -16,6 +17,7 @@
 #include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/checkpoint/sharded_checkpoint.h>
 #include <lockstep/plan/connector.h>
+#include <lockstep/strategies/registry.h>
 
 #include "../../support/plan_ranks.h"
 
@@ -23,6 +25,10 @@ namespace lockstep {
 namespace fsdp_strategy_test {
 namespace {
 
+using distributed::ShardingOptions;
+using distributed::ShardingStrategy;
+using strategies::FSDPStrategy;
+using strategies::StateDictType;
 using testing::run_plan_ranks;
 
 PlanOptions fsdp_ranks() { return PlanOptions().accelerator("cpu").devices("2").strategy("fsdp").timeout(20); }
@@ -32,39 +38,80 @@ torch::nn::Sequential model() {
   return torch::nn::Sequential(torch::nn::Linear(6, 40), torch::nn::ReLU(), torch::nn::Linear(40, 3));
 }
 
-TEST(FSDPStrategyFlags, TheShardingAndTheUnitsReachTheWrapper) {
+// Each sharding under a name of its own, as Lightning's fsdp_cpu_offload: the strategy reports the
+// name and carries its sharding.
+TEST(FSDPStrategyNames, EachShardingHasARegisteredName) {
+  const std::vector<std::pair<std::string, ShardingStrategy>> names{
+      {"fsdp", ShardingStrategy::full_shard},
+      {"fsdp_shard_grad_op", ShardingStrategy::shard_grad_op},
+      {"fsdp_shard_optimizer_state", ShardingStrategy::shard_optimizer_state},
+      {"fsdp_hybrid_shard", ShardingStrategy::hybrid_shard},
+      {"fsdp_no_shard", ShardingStrategy::no_shard}};
+  for (const auto& [name, sharding] : names) {
+    const auto strategy = strategies::create_strategy(name);
+    const auto* fsdp = dynamic_cast<const FSDPStrategy*>(strategy.get());
+    ASSERT_NE(fsdp, nullptr) << name;
+    EXPECT_EQ(fsdp->name(), name);
+    EXPECT_EQ(fsdp->sharding_options().sharding_strategy(), sharding) << name;
+    EXPECT_EQ(fsdp->state_dict_type(), StateDictType::full) << name;
+  }
+}
+
+// --strategy fsdp_hybrid_shard reaches the wrapper through the connector.
+TEST(FSDPStrategyNames, ANamesShardingReachesTheWrapper) {
   std::vector<torch::nn::Sequential> models{model(), model()};
-  run_plan_ranks(2, fsdp_ranks().fsdp_sharding("shard_grad_op").fsdp_auto_wrap_min_params(200), [&](ExecutionPlan& plan) {
-    auto& fsdp = dynamic_cast<strategies::FSDPStrategy&>(*plan.strategy);
+  run_plan_ranks(2, fsdp_ranks().strategy("fsdp_hybrid_shard"), [&](ExecutionPlan& plan) {
+    auto& fsdp = dynamic_cast<FSDPStrategy&>(*plan.strategy);
+    EXPECT_EQ(fsdp.name(), "fsdp_hybrid_shard");
     fsdp.setup_module(models[plan.strategy->global_rank()].ptr());
-    EXPECT_EQ(fsdp.fsdp()->options().sharding_strategy(), distributed::ShardingStrategy::shard_grad_op);
-    EXPECT_EQ(fsdp.fsdp()->unit_count(), 2u) << "the 280-parameter Linear is a unit, the 123-parameter one is not";
+    EXPECT_EQ(fsdp.fsdp()->options().sharding_strategy(), ShardingStrategy::hybrid_shard);
   });
 }
 
-// --fsdp-auto-wrap-types and --fsdp-activation-checkpointing-types reach the wrapper's options and
-// make units (what checkpointing does: FullyShardedDataParallel.Checkpoint* tests).
-TEST(FSDPStrategyFlags, UnitsByTypeAndCheckpointingReachTheWrapper) {
+TEST(FSDPStrategySettings, TheShardingAndTheUnitsReachTheWrapper) {
   std::vector<torch::nn::Sequential> models{model(), model()};
-  auto options = fsdp_ranks().fsdp_auto_wrap_types("ReLU, torch::nn::Linear").fsdp_activation_checkpointing_types("Linear");
-  run_plan_ranks(2, options, [&](ExecutionPlan& plan) {
-    auto& fsdp = dynamic_cast<strategies::FSDPStrategy&>(*plan.strategy);
+  const auto make = [] {
+    return std::make_shared<FSDPStrategy>(
+        ShardingOptions().sharding_strategy(ShardingStrategy::shard_grad_op).auto_wrap_min_params(200));
+  };
+  run_plan_ranks(2, fsdp_ranks(), [&](ExecutionPlan& plan) {
+    auto& fsdp = dynamic_cast<FSDPStrategy&>(*plan.strategy);
+    fsdp.setup_module(models[plan.strategy->global_rank()].ptr());
+    EXPECT_EQ(fsdp.fsdp()->options().sharding_strategy(), ShardingStrategy::shard_grad_op);
+    EXPECT_EQ(fsdp.fsdp()->unit_count(), 2u) << "the 280-parameter Linear is a unit, the 123-parameter one is not";
+  }, make);
+}
+
+// Units by type and activation checkpointing reach the wrapper's options and make units (what
+// checkpointing does: FullyShardedDataParallel.Checkpoint* tests).
+TEST(FSDPStrategySettings, UnitsByTypeAndCheckpointingReachTheWrapper) {
+  std::vector<torch::nn::Sequential> models{model(), model()};
+  const auto make = [] {
+    return std::make_shared<FSDPStrategy>(ShardingOptions()
+                                              .auto_wrap_module_types({"ReLU", "torch::nn::Linear"})
+                                              .activation_checkpointing_module_types({"Linear"}));
+  };
+  run_plan_ranks(2, fsdp_ranks(), [&](ExecutionPlan& plan) {
+    auto& fsdp = dynamic_cast<FSDPStrategy&>(*plan.strategy);
     fsdp.setup_module(models[plan.strategy->global_rank()].ptr());
     const auto& o = fsdp.fsdp()->options();
     EXPECT_EQ(o.auto_wrap_module_types(), (std::vector<std::string>{"ReLU", "torch::nn::Linear"}));
     EXPECT_EQ(o.activation_checkpointing_module_types(), (std::vector<std::string>{"Linear"}));
     EXPECT_EQ(fsdp.fsdp()->unit_count(), 4u) << "two Linear units, one ReLU unit and the root";
-  });
+  }, make);
 }
 
-// --fsdp-param-dtype and --fsdp-reduce-dtype reach the wrapper, whose unit then computes in
-// bfloat16 while the parameters it leaves between steps stay float32 (what the numbers are:
+// param_dtype and reduce_dtype reach the wrapper, whose unit then computes in bfloat16 while the
+// parameters it leaves between steps stay float32 (what the numbers are:
 // FullyShardedDataParallel.MixedPrecisionComputesUnitsAndReducesInBfloat16).
-TEST(FSDPStrategyFlags, MixedPrecisionReachesTheWrapper) {
+TEST(FSDPStrategySettings, MixedPrecisionReachesTheWrapper) {
   std::vector<torch::nn::Sequential> models{model(), model()};
-  auto options = fsdp_ranks().fsdp_auto_wrap_min_params(200).fsdp_param_dtype("bf16").fsdp_reduce_dtype("16");
-  run_plan_ranks(2, options, [&](ExecutionPlan& plan) {
-    auto& fsdp = dynamic_cast<strategies::FSDPStrategy&>(*plan.strategy);
+  const auto make = [] {
+    return std::make_shared<FSDPStrategy>(
+        ShardingOptions().auto_wrap_min_params(200).param_dtype(at::kBFloat16).reduce_dtype(at::kHalf));
+  };
+  run_plan_ranks(2, fsdp_ranks(), [&](ExecutionPlan& plan) {
+    auto& fsdp = dynamic_cast<FSDPStrategy&>(*plan.strategy);
     auto& net = models[plan.strategy->global_rank()];
     auto wrapped = fsdp.setup_module(net.ptr());
     const auto& o = fsdp.fsdp()->options();
@@ -75,7 +122,22 @@ TEST(FSDPStrategyFlags, MixedPrecisionReachesTheWrapper) {
     EXPECT_EQ(out.scalar_type(), at::kFloat) << "the unit's output is cast back";
     out.sum().backward();
     for (const auto& p : net->parameters()) EXPECT_EQ(p.scalar_type(), at::kFloat);
-  });
+  }, make);
+}
+
+// float16 compute needs CUDA: the strategy refuses it when the connector sets the CPU.
+TEST(FSDPStrategySettings, Float16ComputeIsRefusedOnTheCpu) {
+  const auto options = PlanOptions().accelerator("cpu").devices("1").strategy("fsdp");
+  try {
+    resolve_plan(options, environments::Environ(),
+                 std::make_shared<FSDPStrategy>(ShardingOptions().param_dtype(at::kHalf)));
+    ADD_FAILURE() << "float16 on the CPU was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("Use --fsdp-param-dtype bf16, or --accelerator cuda"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(resolve_plan(options, environments::Environ(),
+                               std::make_shared<FSDPStrategy>(ShardingOptions().param_dtype(at::kBFloat16))));
 }
 
 TEST(FSDPStrategyOptimizers, LbfgsAndAnOptimizerWithStateAreRefused) {
@@ -143,11 +205,11 @@ TEST(FSDPStrategyState, WholeStateRoundTripsThroughTheShards) {
 TEST(FSDPStrategyState, TwoRanksShardedCheckpointLoadsOnFourBitForBit) {
   testing::TempDir dir("lockstep_fsdp_reshard");
   const std::string path = dir / "two.ckpt";
-  const auto sharded = [](int ranks) {
-    return fsdp_ranks().devices(std::to_string(ranks)).fsdp_state_dict_type("sharded").fsdp_auto_wrap_min_params(200);
+  const auto sharded = [] {
+    return std::make_shared<FSDPStrategy>(ShardingOptions().auto_wrap_min_params(200), StateDictType::sharded);
   };
   std::vector<torch::nn::Sequential> two{model(), model()};
-  run_plan_ranks(2, sharded(2), [&](ExecutionPlan& plan) {
+  run_plan_ranks(2, fsdp_ranks(), [&](ExecutionPlan& plan) {
     auto& strategy = *plan.strategy;
     auto& net = two[strategy.global_rank()];
     auto wrapped = strategy.setup_module(net.ptr());
@@ -164,14 +226,14 @@ TEST(FSDPStrategyState, TwoRanksShardedCheckpointLoadsOnFourBitForBit) {
     optimizers.push_back(strategy.optimizer_state_dict(*opt));
     state.insert("optimizer_states", optimizers);
     strategy.save_checkpoint(state, path, checkpoint::CheckpointIO(), {opt});
-  });
+  }, sharded);
   ASSERT_TRUE(checkpoint::is_sharded_checkpoint(path));
   const auto saved = checkpoint::to_full_checkpoint(checkpoint::load_sharded(path));
   const auto saved_params = saved.at("state_dict").toGenericDict();
   const auto saved_moments = saved.at("optimizer_states").toList().get(0).toGenericDict().at("state").toGenericDict();
 
   std::vector<torch::nn::Sequential> four{model(), model(), model(), model()};
-  run_plan_ranks(4, sharded(4), [&](ExecutionPlan& plan) {
+  run_plan_ranks(4, fsdp_ranks().devices("4"), [&](ExecutionPlan& plan) {
     auto& strategy = dynamic_cast<strategies::FSDPStrategy&>(*plan.strategy);
     auto& net = four[strategy.global_rank()];
     strategy.setup_module(net.ptr());
@@ -196,7 +258,7 @@ TEST(FSDPStrategyState, TwoRanksShardedCheckpointLoadsOnFourBitForBit) {
         EXPECT_TRUE(whole[k].equal(expected.view(whole[k].sizes()))) << moment << " of parameter " << k;
       }
     }
-  });
+  }, sharded);
 }
 
 // embed -> head -> out, head's weight being embed's (a tied weight: one tensor registered twice,
@@ -236,7 +298,10 @@ TEST(FSDPStrategyState, SavesAfterANoGradForwardWithATiedWeightAndTwoOptimizersL
     testing::TempDir dir("lockstep_fsdp_no_grad_save");
     const std::string path = dir / "tied.ckpt";
     std::vector<Tied> models{Tied(), Tied()};
-    run_plan_ranks(2, fsdp_ranks().fsdp_state_dict_type(type), [&](ExecutionPlan& plan) {
+    const auto make = [&type] {
+      return std::make_shared<FSDPStrategy>(ShardingOptions(), strategies::parse_state_dict_type(type));
+    };
+    run_plan_ranks(2, fsdp_ranks(), [&](ExecutionPlan& plan) {
       auto& strategy = *plan.strategy;
       auto& net = models[strategy.global_rank()];
       auto wrapped = strategy.setup_module(net.ptr());
@@ -295,7 +360,7 @@ TEST(FSDPStrategyState, SavesAfterANoGradForwardWithATiedWeightAndTwoOptimizersL
           EXPECT_TRUE(moments_back[o].at(key).equal(value)) << type << ", optimizer " << o << ", " << key;
         }
       }
-    });
+    }, make);
   }
 }
 
