@@ -1,7 +1,6 @@
 #include "fsdp_flags.h"
 
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -68,7 +67,7 @@ CLI::Option* add_fsdp_flag(CLI::App& app, const std::shared_ptr<FsdpFlags>& flag
       ->envname(variable_for(flag));
 }
 
-// Whole numbers in [low, high], as CLI::Range checks them before `read` sees them.
+// A whole number, which the flag's CLI::Range has checked before `read` sees it.
 int64_t whole(const std::string& text) { return std::stoll(text); }
 
 // With a strategy that is no FSDPStrategy: every --fsdp-* flag given, and what to do.
