@@ -90,6 +90,11 @@ void put_on(const FsdpFlags& flags, strategies::Strategy& strategy) {
   auto* fsdp = dynamic_cast<strategies::FSDPStrategy*>(&strategy);
   if (!fsdp) throw UsageError(refusal(flags, strategy.name()));
   auto& o = fsdp->sharding_options();
+  // A registered name such as fsdp_no_shard binds its sharding: a flag saying another is a contradiction.
+  LOCKSTEP_CHECK(!flags.sharding || strategy.name() == "fsdp" || *flags.sharding == o.sharding_strategy(), UsageError,
+                 "--fsdp-sharding ", flags.given.at("--fsdp-sharding"), " contradicts --strategy ", strategy.name(),
+                 ", which shards ", distributed::to_string(o.sharding_strategy()), ". Use --strategy fsdp --fsdp-sharding ",
+                 flags.given.at("--fsdp-sharding"), ", or drop the flag.");
   if (flags.sharding) o.sharding_strategy(*flags.sharding);
   if (flags.auto_wrap_min_params) o.auto_wrap_min_params(*flags.auto_wrap_min_params);
   if (flags.auto_wrap_types) o.auto_wrap_module_types(*flags.auto_wrap_types);

@@ -84,8 +84,28 @@ void TrainerVariables::set(const char* field, BatchLimit& value, const BatchLimi
   if (const auto given = text(field, value == default_value)) value = BatchLimit::parse(*given, trainer_variable(field));
 }
 
+namespace {
+
+// The --fsdp-* flags' variables are read by the flags (cli::add_trainer_flags) alone: options
+// built in code give FSDP its settings in FSDPStrategy's constructor, so here one would do nothing.
+void refuse_fsdp_variables(const environments::Environ& environ) {
+  for (const char* field : {"fsdp_sharding", "fsdp_auto_wrap_min_params", "fsdp_auto_wrap_types",
+                            "fsdp_activation_checkpointing_types", "fsdp_hybrid_shard_size", "fsdp_param_dtype",
+                            "fsdp_reduce_dtype", "fsdp_state_dict_type"}) {
+    const auto name = trainer_variable(field);
+    if (const auto value = environ.get(name)) {
+      throw UsageError(name + "=" + *value + " is read by the --fsdp-* flags, and this program takes no flags "
+                       "(cli::add_trainer_flags). Give its FSDPStrategy the setting (ShardingOptions), name a "
+                       "strategy that binds it (LOCKSTEP_TRAINER_STRATEGY=fsdp_shard_grad_op), or unset it.");
+    }
+  }
+}
+
+}  // namespace
+
 void apply_trainer_variables(PlanOptions& o, const environments::Environ& environ) {
   if (!o.trainer_variables()) return;
+  refuse_fsdp_variables(environ);
   const PlanOptions d;
   const TrainerVariables v(environ);
   v.set("accelerator", o.accelerator(), d.accelerator());

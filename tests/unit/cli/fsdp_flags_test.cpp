@@ -87,6 +87,18 @@ TEST(FsdpFlags, TheFlagsGoOnTopOfTheNameOrTheObject) {
   EXPECT_EQ(object->sharding_options().sharding_strategy(), ShardingStrategy::no_shard);
   EXPECT_EQ(object->sharding_options().auto_wrap_min_params(), 7) << "not given: the object's";
 
+  EXPECT_EQ(fsdp_of(plan_of(trainer_flags({"--strategy", "fsdp_no_shard", "--fsdp-sharding", "NO_SHARD"})))
+                .sharding_options()
+                .sharding_strategy(),
+            ShardingStrategy::no_shard)
+      << "the flag agrees with the name";
+  const auto contradiction =
+      error_of([&] { plan_of(trainer_flags({"--strategy", "fsdp_no_shard", "--fsdp-sharding", "FULL_SHARD"})); });
+  EXPECT_NE(contradiction.find("--fsdp-sharding FULL_SHARD contradicts --strategy fsdp_no_shard, which shards NO_SHARD. "
+                               "Use --strategy fsdp --fsdp-sharding FULL_SHARD, or drop the flag."),
+            std::string::npos)
+      << contradiction;
+
   const auto message = error_of([&] { plan_of(trainer_flags({"--strategy", "fsdp", "--fsdp-hybrid-shard-size", "2"})); });
   EXPECT_NE(message.find("--fsdp-hybrid-shard-size 2 is for HYBRID_SHARD (--strategy fsdp_hybrid_shard), but the "
                          "sharding of --strategy fsdp is FULL_SHARD. Add --fsdp-sharding HYBRID_SHARD, or drop it."),

@@ -54,5 +54,19 @@ TEST(TrainerVariables, ABadValueIsAUsageErrorNamingTheVariable) {
   }
 }
 
+// The --fsdp-* flags' variables reach FSDP through the flags only; options built in code would
+// ignore them, so they are refused by name.
+TEST(TrainerVariables, AnFsdpVariableWithoutTheFlagsIsRefusedByName) {
+  auto options = FabricOptions().strategy("fsdp");
+  const environments::Environ env({{"LOCKSTEP_TRAINER_FSDP_SHARDING", "SHARD_GRAD_OP"}});
+  const auto message = testing::error_of<UsageError>([&] { apply_trainer_variables(options, env); });
+  EXPECT_NE(message.find("LOCKSTEP_TRAINER_FSDP_SHARDING=SHARD_GRAD_OP is read by the --fsdp-* flags"),
+            std::string::npos)
+      << message;
+
+  auto flags = FabricOptions().trainer_variables(false);  // as cli::add_plan_flags leaves them
+  EXPECT_NO_THROW(apply_trainer_variables(flags, env));
+}
+
 }  // namespace
 }  // namespace lockstep
