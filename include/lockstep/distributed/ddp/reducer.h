@@ -133,6 +133,9 @@ class Reducer {
   void finish_usage_allreduce(const std::string& who);
   void launch(size_t bucket);
   void finalize_backward();
+  /// Waits for bucket `b`'s reduction and leaves the mean in the bucket: copied in when the comm
+  /// hook returned it elsewhere, rescaled under a Join, its finishing time traced.
+  void wait_for_bucket(size_t b);
   void write_back();
   void rebuild_buckets();
   void find_unused(const std::vector<at::Tensor>& outputs);
