@@ -46,6 +46,13 @@ constexpr const char* kNcclAsyncErrorHandling = "NCCL_ASYNC_ERROR_HANDLING";
 /// std::shared_ptr in LibTorch 1.x, c10::intrusive_ptr in 2.x. Holding one keeps every forward's
 /// graph reaching the same node (DDP's and FSDP's gradient hooks sit on it).
 using GradAccumulator = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+/// Makes `accumulator` `parameter`'s gradient accumulator again (set_data to another dtype lets
+/// go of it). The tensor's autograd metadata holds it weakly: std::weak_ptr in LibTorch 1.x,
+/// c10::weak_intrusive_ptr in 2.x.
+inline void restore_grad_accumulator(const at::Tensor& parameter, const GradAccumulator& accumulator) {
+  auto* meta = torch::autograd::impl::get_autograd_meta(parameter);
+  meta->grad_accumulator_ = decltype(meta->grad_accumulator_)(accumulator);
+}
 
 /// The key of a parameter's state in `Optimizer::state()` (torch::optim::Optimizer): the
 /// TensorImpl's address printed as a std::string in LibTorch 1.x, the pointer itself in 2.x.
