@@ -31,9 +31,10 @@ class GradientTransport {
   /// ranks: the sum divided by `divisor`. Calls come in bucket order on every rank.
   virtual BucketFuture allreduce_mean(size_t bucket, const at::Tensor& buffer, double divisor) = 0;
   /// As allreduce_mean, with each rank's values rounded to `compressed` (at::kHalf or
-  /// at::kBFloat16) before they are summed: the compression hooks' reduction. The result, in the
-  /// buffer's dtype, ends in `buffer`. By default the rounded values are averaged in place through
-  /// allreduce_mean (in rank order: no wire to save bytes on); C10dTransport sends them compressed.
+  /// at::kBFloat16; any other is a UsageError) before they are summed: the compression hooks'
+  /// reduction. The result, in the buffer's dtype, ends in `buffer`. By default each rank rounds
+  /// its buffer in place and averages it through allreduce_mean, so shared memory sums the rounded
+  /// values in rank order (it has no wire to save bytes on); C10dTransport sends them compressed.
   virtual BucketFuture allreduce_mean_compressed(size_t bucket, const at::Tensor& buffer, double divisor,
                                                  at::ScalarType compressed);
   /// True when reducing a stand-in still goes through the bucket's own memory (shared memory),

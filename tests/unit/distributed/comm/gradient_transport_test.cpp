@@ -39,13 +39,19 @@ TEST(GradientTransport, TheChoiceFollowsTheOptionsOnEveryRank) {
 // shared memory starts each bucket on a cache line and reuses the slot for a new layout.
 class Transports : public ::testing::TestWithParam<bool> {};
 
+// Shared memory, chosen as DDP chooses it (for 16 float32 values), or Gloo.
+std::shared_ptr<GradientTransport> transport_for(ProcessGroup& g, bool shared) {
+  std::string why_not;
+  auto transport = shared ? choose_gradient_transport(g, {torch::ones({16})}, true, &why_not)
+                          : std::make_shared<C10dTransport>(g);
+  EXPECT_EQ(transport->name(), shared ? "shared memory" : "gloo") << why_not;
+  return transport;
+}
+
 TEST_P(Transports, AllocateAndAverageBuckets) {
   const bool shared = GetParam();
   run_ranks(3, [shared](ProcessGroup& g) {
-    std::string why_not;
-    auto transport = shared ? choose_gradient_transport(g, {torch::ones({16})}, true, &why_not)
-                            : std::make_shared<C10dTransport>(g);
-    ASSERT_EQ(transport->name(), shared ? "shared memory" : "gloo") << why_not;
+    auto transport = transport_for(g, shared);
     auto first = transport->allocate(0, 3, torch::kFloat32);
     auto second = transport->allocate(1, 5, torch::kFloat64);
     EXPECT_TRUE(first.eq(0).all().item<bool>());
@@ -74,10 +80,7 @@ TEST_P(Transports, AllocateAndAverageBuckets) {
 TEST_P(Transports, CompressedMeanRoundsEachRanksValuesFirst) {
   const bool shared = GetParam();
   run_ranks(2, [shared](ProcessGroup& g) {
-    std::string why_not;
-    auto transport = shared ? choose_gradient_transport(g, {torch::ones({16})}, true, &why_not)
-                            : std::make_shared<C10dTransport>(g);
-    ASSERT_EQ(transport->name(), shared ? "shared memory" : "gloo") << why_not;
+    auto transport = transport_for(g, shared);
     auto bucket = transport->allocate(0, 5, torch::kFloat32);
     try {
       transport->allreduce_mean_compressed(0, bucket, 2, at::kFloat);
