@@ -1,4 +1,4 @@
-// Four rules of the source tree, each with a self-test on a synthetic tree:
+// Five rules of the source tree, each with a self-test on a synthetic tree:
 // - The folders of include/lockstep and src/lockstep depend one way: a folder includes only folders
 //   of lower layers (docs/architecture.md draws them). Every `#include <lockstep/...>` and every
 //   `#include "..."` (resolved beside the including file, then under include/ and src/) is read; an
@@ -9,6 +9,8 @@
 // - Every option a user sets is read by some code (an option nothing reads does nothing).
 // - No file under src/ or include/ is over 600 lines, and no function body there over 60; each
 //   offender is named with its length.
+// - Only include/lockstep/core/libtorch_compat.h tests the LibTorch version (TORCH_VERSION_*):
+//   every difference between LibTorch 1.x and 2.x is answered there, once.
 // And one check without a synthetic tree: every TrainerOptions and PlanOptions field takes its
 // LOCKSTEP_TRAINER_* variable (deleting a line of apply_trainer_variables fails it).
 #include <gtest/gtest.h>
@@ -532,6 +534,78 @@ TEST(Architecture, AThrowOfAForeignExceptionIsNamed) {
       "src/lockstep/data/loader.cpp:12: throws c10::UsageError, not a lockstep::Error",
   };
   ASSERT_EQ(offenders.size(), expected.size()) << all;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(offenders[i].rfind(expected[i], 0), 0u) << "offender " << i << ": " << offenders[i];
+  }
+}
+
+// --- One LibTorch-version seam ---------------------------------------------------------------------
+
+// The header that answers every difference between LibTorch 1.x and 2.x.
+const std::string kLibTorchSeam = "include/lockstep/core/libtorch_compat.h";
+
+// Files that may name a version macro without testing it, each with the reason.
+const std::map<std::string, std::string> kVersionMacroAllowed = {
+    {"src/lockstep/cli/trainer_flags.cpp", "prints TORCH_VERSION, the version string, for --version"},
+};
+
+// Uses of TORCH_VERSION and TORCH_VERSION_* (MAJOR, MINOR, PATCH) in code (comments and strings
+// do not count) outside the seam, one per line: "src/lockstep/plan/precision.cpp:16: uses
+// TORCH_VERSION_MAJOR outside include/lockstep/core/libtorch_compat.h; ...".
+std::vector<std::string> version_checks_outside_the_seam(const fs::path& root) {
+  static const std::regex macro(R"(\bTORCH_VERSION(_\w+)?\b)");
+  std::vector<std::string> offenders;
+  for (const auto& file : source_files(root)) {
+    if (file.shown == kLibTorchSeam || kVersionMacroAllowed.count(file.shown)) continue;
+    const auto lines = lines_of(code_of(file.path));
+    for (size_t n = 0; n < lines.size(); ++n) {
+      std::smatch match;
+      if (!std::regex_search(lines[n], match, macro)) continue;
+      offenders.push_back(file.shown + ":" + std::to_string(n + 1) + ": uses " + match[0].str() + " outside " +
+                          kLibTorchSeam + "; answer the difference between LibTorch 1.x and 2.x there, by a name "
+                          "this file uses");
+    }
+  }
+  return offenders;
+}
+
+TEST(Architecture, OnlyTheSeamTestsTheLibTorchVersion) {
+  const auto offenders = version_checks_outside_the_seam(LOCKSTEP_SOURCE_DIR);
+  for (const auto& offender : offenders) ADD_FAILURE() << offender;
+  EXPECT_TRUE(offenders.empty());
+  EXPECT_TRUE(fs::exists(fs::path(LOCKSTEP_SOURCE_DIR) / kLibTorchSeam)) << kLibTorchSeam;
+}
+
+// The check names each line of code that tests the version outside the seam, in a header or a
+// source of any folder, and passes the seam itself, the allowed file, comments, strings and
+// longer names that merely contain the macro's.
+TEST(Architecture, AVersionCheckOutsideTheSeamIsNamed) {
+  testing::TempDir dir("lockstep_seam");
+  const fs::path root = dir.path();
+  write(root / kLibTorchSeam,
+        "#if TORCH_VERSION_MAJOR >= 2\nusing Backend = c10d::Backend;\n#endif\n");
+  write(root / "src/lockstep/plan/precision.cpp",
+        "#include <torch/version.h>\n"
+        "#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)\n"
+        "bool f() { return true; }\n"
+        "#endif\n");
+  write(root / "include/lockstep/launchers/worker_environment.h",
+        "// TORCH_NCCL_ASYNC_ERROR_HANDLING from TORCH_VERSION_MINOR 2 on\n"
+        "const char* name = \"TORCH_VERSION_MAJOR\";\n"
+        "constexpr bool kNew = TORCH_VERSION_MAJOR >= 2;\n"
+        "constexpr int MY_TORCH_VERSION_MAJOR = 1, TORCH_VERSIONS = 2;\n");
+  write(root / "src/lockstep/cli/trainer_flags.cpp", "std::string v = std::string(TORCH_VERSION);\n");
+  write(root / "src/lockstep/cli/guarded_main.cpp", "std::string v = TORCH_VERSION;\n");
+  write(root / "src/lockstep/distributed/comm/shard_transport.cpp", "#ifdef TORCH_VERSION_PATCH\n#endif\n");
+
+  const auto offenders = version_checks_outside_the_seam(root);
+  const std::vector<std::string> expected = {
+      "include/lockstep/launchers/worker_environment.h:3: uses TORCH_VERSION_MAJOR outside " + kLibTorchSeam,
+      "src/lockstep/cli/guarded_main.cpp:1: uses TORCH_VERSION outside " + kLibTorchSeam,
+      "src/lockstep/distributed/comm/shard_transport.cpp:1: uses TORCH_VERSION_PATCH outside " + kLibTorchSeam,
+      "src/lockstep/plan/precision.cpp:2: uses TORCH_VERSION_MAJOR outside " + kLibTorchSeam,
+  };
+  ASSERT_EQ(offenders.size(), expected.size()) << joined(offenders);
   for (size_t i = 0; i < expected.size(); ++i) {
     EXPECT_EQ(offenders[i].rfind(expected[i], 0), 0u) << "offender " << i << ": " << offenders[i];
   }

@@ -28,6 +28,7 @@
 #include <lockstep/core/blas.h>
 #include <lockstep/core/error.h>
 #include <lockstep/core/heap.h>
+#include <lockstep/core/libtorch_compat.h>
 #include <lockstep/core/log_options.h>
 #include <lockstep/core/number_text.h>
 #include <lockstep/core/optimizer_config.h>

@@ -12,9 +12,9 @@
 
 #include <c10/core/Device.h>
 #include <c10/util/intrusive_ptr.h>
-#include <torch/version.h>
 
 #include <lockstep/core/error.h>
+#include <lockstep/core/libtorch_compat.h>
 #include <lockstep/distributed/distributed_error.h>
 #include <lockstep/distributed/process_group_options.h>
 
@@ -27,14 +27,8 @@ class Store;
 namespace lockstep {
 namespace distributed {
 
-/// What runs the collectives of a group: LibTorch 1.x's c10d::ProcessGroup, 2.x's c10d::Backend
-/// (ProcessGroupGloo and ProcessGroupNCCL derive from it). Both have the same collective calls
-/// (allreduce, broadcast, allgather, barrier, ...) returning a c10d::Work.
-#if TORCH_VERSION_MAJOR >= 2
-using Backend = c10d::Backend;
-#else
-using Backend = c10d::ProcessGroup;
-#endif
+/// What runs the collectives of a group: LibTorch 1.x's c10d::ProcessGroup, 2.x's c10d::Backend.
+using Backend = libtorch::Backend;
 
 }  // namespace distributed
 }  // namespace lockstep

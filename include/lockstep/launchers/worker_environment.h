@@ -4,21 +4,16 @@
 #include <map>
 #include <string>
 
-#include <torch/version.h>
-
+#include <lockstep/core/libtorch_compat.h>
 #include <lockstep/launchers/launch_options.h>
 
 namespace lockstep {
 namespace launchers {
 
 /// The variable that turns on NCCL's asynchronous error handling, under the name this build's
-/// LibTorch reads and its torchrun sets: NCCL_ASYNC_ERROR_HANDLING up to torch 2.1,
-/// TORCH_NCCL_ASYNC_ERROR_HANDLING from 2.2.
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
-constexpr const char* kNcclAsyncErrorHandling = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
-#else
-constexpr const char* kNcclAsyncErrorHandling = "NCCL_ASYNC_ERROR_HANDLING";
-#endif
+/// LibTorch reads and its torchrun sets (NCCL_ASYNC_ERROR_HANDLING up to torch 2.1,
+/// TORCH_NCCL_ASYNC_ERROR_HANDLING from 2.2).
+constexpr const char* kNcclAsyncErrorHandling = libtorch::kNcclAsyncErrorHandling;
 
 /// The variables torch 1.13's torchrun (elastic agent, static rendezvous) adds to a worker's
 /// environment, so a program cannot tell our launch from torchrun's:

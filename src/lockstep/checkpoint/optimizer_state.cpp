@@ -3,15 +3,14 @@
 #include <cmath>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
-#include <type_traits>
 #include <typeinfo>
 #include <utility>
 
 #include <torch/torch.h>
 
 #include <lockstep/core/error.h>
+#include <lockstep/core/libtorch_compat.h>
 
 namespace lockstep {
 namespace checkpoint {
@@ -28,19 +27,8 @@ const char* const kMismatchHint =
 
 Dict string_dict() { return Dict(c10::StringType::get(), c10::AnyType::get()); }
 
-// The key of a parameter's state in Optimizer::state(): the TensorImpl's address, printed in
-// LibTorch 1.x, the pointer itself in 2.x.
-using StateKey = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
-template <typename Key = StateKey>
-Key state_key(const Tensor& param) {
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream address;
-    address << param.unsafeGetTensorImpl();
-    return address.str();
-  } else {
-    return param.unsafeGetTensorImpl();
-  }
-}
+using StateKey = libtorch::OptimizerStateKey<torch::optim::Optimizer>;
+StateKey state_key(const Tensor& param) { return libtorch::optimizer_state_key<torch::optim::Optimizer>(param); }
 
 const c10::IValue& field(const Dict& dict, const std::string& key, const std::string& where) {
   auto it = dict.find(key);

@@ -4,42 +4,11 @@
 
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
-#include <torch/version.h>
 
 #include <lockstep/core/error.h>
+#include <lockstep/core/libtorch_compat.h>
 
 namespace lockstep {
-namespace {
-
-// Autocast's state per device type. LibTorch 2.4 replaced the per-device functions
-// (set_cpu_enabled, set_autocast_gpu_dtype, ...) with ones that take the device type.
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-bool autocast_enabled(c10::DeviceType d) { return at::autocast::is_autocast_enabled(d); }
-c10::ScalarType autocast_dtype(c10::DeviceType d) { return at::autocast::get_autocast_dtype(d); }
-void set_autocast(c10::DeviceType d, bool enabled, c10::ScalarType dtype) {
-  at::autocast::set_autocast_enabled(d, enabled);
-  at::autocast::set_autocast_dtype(d, dtype);
-}
-#else
-bool autocast_enabled(c10::DeviceType d) {
-  return d == c10::kCUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
-}
-c10::ScalarType autocast_dtype(c10::DeviceType d) {
-  return d == c10::kCUDA ? at::autocast::get_autocast_gpu_dtype() : at::autocast::get_autocast_cpu_dtype();
-}
-void set_autocast(c10::DeviceType d, bool enabled, c10::ScalarType dtype) {
-  if (d == c10::kCUDA) {
-    at::autocast::set_enabled(enabled);
-    at::autocast::set_autocast_gpu_dtype(dtype);
-  } else {
-    at::autocast::set_cpu_enabled(enabled);
-    at::autocast::set_autocast_cpu_dtype(dtype);
-  }
-}
-#endif
-
-}  // namespace
-
 Precision Precision::parse(const std::string& name, accelerators::Accelerator accelerator) {
   using accelerators::Accelerator;
   static const std::map<std::string, Kind> kinds{
@@ -82,16 +51,16 @@ Precision::StepScope::StepScope(const Precision& precision)
     : active_(precision.kind() == Kind::bf16_mixed || precision.kind() == Kind::f16_mixed),
       device_(precision.autocast_device()) {
   if (!active_) return;
-  previous_enabled_ = autocast_enabled(device_);
-  previous_dtype_ = autocast_dtype(device_);
-  set_autocast(device_, true, precision.kind() == Kind::f16_mixed ? c10::kHalf : c10::kBFloat16);
+  previous_enabled_ = libtorch::autocast_enabled(device_);
+  previous_dtype_ = libtorch::autocast_dtype(device_);
+  libtorch::set_autocast(device_, true, precision.kind() == Kind::f16_mixed ? c10::kHalf : c10::kBFloat16);
   at::autocast::increment_nesting();
 }
 
 Precision::StepScope::~StepScope() {
   if (!active_) return;
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  set_autocast(device_, previous_enabled_, previous_dtype_);
+  libtorch::set_autocast(device_, previous_enabled_, previous_dtype_);
 }
 
 }  // namespace lockstep

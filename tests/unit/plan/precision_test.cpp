@@ -3,9 +3,9 @@
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-#include <torch/version.h>
 
 #include <lockstep/core/error.h>
+#include <lockstep/core/libtorch_compat.h>
 
 namespace lockstep {
 namespace {
@@ -37,13 +37,7 @@ TEST(Precision, Bf16MixedAutocastsInsideTheStepScopeOnly) {
   EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kFloat32);
 }
 
-bool cuda_autocast_enabled() {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-  return at::autocast::is_autocast_enabled(at::kCUDA);
-#else
-  return at::autocast::is_enabled();
-#endif
-}
+bool cuda_autocast_enabled() { return libtorch::autocast_enabled(at::kCUDA); }
 
 // On CUDA the scope turns CUDA autocast on (no GPU needed to see the flag) and leaves the CPU's
 // alone; it restores what it found.

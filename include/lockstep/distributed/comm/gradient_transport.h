@@ -1,8 +1,8 @@
 #pragma once
 /// GradientTransport: where DDP's gradient buckets live and how one bucket is averaged across
 /// the ranks. The reducer orders the buckets and writes the results back; a transport gives them
-/// memory and reduces them: c10d (the process group's Gloo backend; NCCL and LibTorch 2.x's
-/// c10d::Backend plug in here next), or shared memory between the ranks of one host.
+/// memory and reduces them: c10d (the process group's backend, Gloo or NCCL), or shared memory
+/// between the ranks of one host. Every comm hook of ddp/comm_hooks.h reduces through it.
 
 #include <cstddef>
 #include <cstdint>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 
 #include <lockstep/distributed/comm/bucket_future.h>
 #include <lockstep/distributed/process_group.h>
@@ -29,6 +30,13 @@ class GradientTransport {
   /// Starts averaging `buffer` (bucket `bucket`'s memory, or a stand-in of its size) across the
   /// ranks: the sum divided by `divisor`. Calls come in bucket order on every rank.
   virtual BucketFuture allreduce_mean(size_t bucket, const at::Tensor& buffer, double divisor) = 0;
+  /// As allreduce_mean, with each rank's values rounded to `compressed` (at::kHalf or
+  /// at::kBFloat16; any other is a UsageError) before they are summed: the compression hooks'
+  /// reduction. The result, in the buffer's dtype, ends in `buffer`. By default each rank rounds
+  /// its buffer in place and averages it through allreduce_mean, so shared memory sums the rounded
+  /// values in rank order (it has no wire to save bytes on); C10dTransport sends them compressed.
+  virtual BucketFuture allreduce_mean_compressed(size_t bucket, const at::Tensor& buffer, double divisor,
+                                                 at::ScalarType compressed);
   /// True when reducing a stand-in still goes through the bucket's own memory (shared memory),
   /// so a caller that reduces stand-ins keeps a copy of what the buckets hold.
   virtual bool reduces_through_bucket_memory() const { return false; }

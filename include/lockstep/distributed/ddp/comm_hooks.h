@@ -1,7 +1,8 @@
 #pragma once
 /// Communication hooks: how DDP reduces one bucket of gradients across the ranks. The default
-/// averages with an allreduce; fp16_compress_hook and bf16_compress_hook halve the bytes on the
-/// wire; a user may supply any callable of the same shape (PyTorch's register_comm_hook).
+/// averages with an allreduce; fp16_compress_hook and bf16_compress_hook round the gradients to
+/// 16 bits; a user may supply any callable of the same shape (PyTorch's register_comm_hook). The
+/// built-in hooks reduce through the bucket's transport, so shared memory stays on with them.
 
 #include <chrono>
 #include <cstddef>
@@ -40,7 +41,7 @@ class GradBucket {
   const std::vector<at::Tensor>& gradients() const { return gradients_; }
 
   /// The transport DDP keeps its buckets with (shared memory or the process group's backend);
-  /// allreduce_mean_hook averages through it. nullptr for a bucket made outside DDP.
+  /// the built-in hooks average through it. nullptr for a bucket made outside DDP.
   GradientTransport* transport() const { return transport_.get(); }
   void set_transport(std::shared_ptr<GradientTransport> transport) { transport_ = std::move(transport); }
 
@@ -68,12 +69,16 @@ using CommHook = std::function<BucketFuture(ProcessGroup& group, const GradBucke
 /// The default: the bucket's transport sums the buffer in place across the ranks, then divides
 /// by the world size (shared memory between ranks of one host, else the process group).
 CommHook allreduce_mean_hook();
-/// Casts the bucket to float16, divides by the world size, allreduces, and casts back into the
-/// buffer: half the bytes, ~3 decimal digits of precision (torch's fp16_compress_hook).
+/// Rounds each rank's gradients to float16 (~3 decimal digits) and averages them through the
+/// bucket's transport (GradientTransport::allreduce_mean_compressed). Over the process group
+/// the float16 values travel, divided by the world size first, and are summed in float16: half
+/// the bytes (torch's fp16_compress_hook). In shared memory, with no wire to save bytes on, the
+/// rounded values are summed in the bucket's dtype in rank order, as every bucket is there.
 CommHook fp16_compress_hook();
 /// As fp16_compress_hook with bfloat16: float32's range, ~2 decimal digits. Gloo cannot sum
-/// bfloat16, so each rank all-gathers the others' bfloat16 buffers and sums them in float32 in
-/// rank order, which gives every rank the same bits.
+/// bfloat16, so over the process group each rank all-gathers the others' bfloat16 buffers and
+/// sums them in float32 in rank order; shared memory sums the same values in the same order (the
+/// same bits for float32 parameters on one host).
 CommHook bf16_compress_hook();
 
 }  // namespace distributed

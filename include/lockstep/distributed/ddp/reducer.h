@@ -17,6 +17,7 @@
 #include <c10/util/Optional.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <lockstep/core/libtorch_compat.h>
 #include <lockstep/distributed/comm/gradient_transport.h>
 #include <lockstep/distributed/ddp/comm_hooks.h>
 #include <lockstep/distributed/ddp/ddp_options.h>
@@ -132,6 +133,9 @@ class Reducer {
   void finish_usage_allreduce(const std::string& who);
   void launch(size_t bucket);
   void finalize_backward();
+  /// Waits for bucket `b`'s reduction and leaves the mean in the bucket: copied in when the comm
+  /// hook returned it elsewhere, rescaled under a Join, its finishing time traced.
+  void wait_for_bucket(size_t b);
   void write_back();
   void rebuild_buckets();
   void find_unused(const std::vector<at::Tensor>& outputs);
@@ -151,9 +155,7 @@ class Reducer {
   std::vector<std::string> names_;
   ProcessGroup& group_;
   DDPOptions options_;
-  // std::shared_ptr in LibTorch 1.x, c10::intrusive_ptr in 2.x.
-  using Accumulator = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
-  std::vector<Accumulator> accumulators_;
+  std::vector<libtorch::GradAccumulator> accumulators_;
   std::vector<uintptr_t> hook_keys_;
 
   std::vector<Bucket> buckets_;

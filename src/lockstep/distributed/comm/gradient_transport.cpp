@@ -4,6 +4,9 @@
 #include <mutex>
 #include <set>
 
+#include <torch/torch.h>
+
+#include <lockstep/core/error.h>
 #include <lockstep/distributed/comm/c10d_transport.h>
 #include <lockstep/distributed/comm/shared_memory_transport.h>
 
@@ -35,6 +38,17 @@ void say_once(const ProcessGroup& group, const std::string& why_not) {
 }
 
 }  // namespace
+
+BucketFuture GradientTransport::allreduce_mean_compressed(size_t bucket, const at::Tensor& buffer, double divisor,
+                                                          at::ScalarType compressed) {
+  if (compressed != at::kHalf && compressed != at::kBFloat16) {
+    throw UsageError("allreduce_mean_compressed: gradients travel compressed as float16 or bfloat16, not " +
+                     std::string(c10::toString(compressed)) + "; use fp16_compress_hook() or bf16_compress_hook(), "
+                     "or allreduce_mean_hook() for no compression.");
+  }
+  buffer.copy_(buffer.to(compressed));
+  return allreduce_mean(bucket, buffer, divisor);
+}
 
 std::shared_ptr<GradientTransport> choose_gradient_transport(ProcessGroup& group,
                                                              const std::vector<at::Tensor>& parameters,

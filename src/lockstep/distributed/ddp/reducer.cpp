@@ -452,36 +452,7 @@ void Reducer::finalize_backward() {
     transport_->leave();
     throw UnusedParametersError(failure_, std::move(missing));
   }
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    auto& bucket = buckets_[b];
-    at::Tensor reduced;
-    try {
-      reduced = bucket.future->wait(group_.timeout());
-    } catch (const std::exception& e) {
-      const auto unreachable = group_.unreachable_members();
-      fail(group_.describe() + ": allreduce of " + bucket_name(b) + " did not complete: " + message_of(e) + "\n" +
-           (unreachable.empty() ? "Every rank must run the same synchronised backward passes; check the other ranks' "
-                                  "output for an earlier error."
-                                : "Unreachable: " + unreachable + "."));
-    }
-    bucket.future.reset();
-    if (reduced.defined() && !is_view_of(reduced, bucket.buffer)) {
-      if (reduced.numel() != bucket.buffer.numel()) {
-        fail(group_.describe() + ": the comm hook returned " + std::to_string(reduced.numel()) + " values for " +
-             bucket_name(b) + ", which holds " + std::to_string(bucket.buffer.numel()) + ".");
-      }
-      torch::NoGradGuard no_grad;
-      bucket.buffer.copy_(reduced.reshape({-1}));
-    }
-    if (contributing_ranks_ > 0 && contributing_ranks_ != group_.world_size()) {
-      // The hook averaged over the world size; joined ranks sent zeros (Join without
-      // divide_by_initial_world_size).
-      torch::NoGradGuard no_grad;
-      bucket.buffer.mul_(static_cast<double>(group_.world_size()) / contributing_ranks_);
-    }
-    const int64_t at = bucket.reduced_at ? bucket.reduced_at->load() : 0;
-    trace_.buckets[b].reduced = at > 0 ? std::chrono::nanoseconds(at) : since_start();
-  }
+  for (size_t b = 0; b < buckets_.size(); ++b) wait_for_bucket(b);
   if (track_usage_) {
     finish_usage_allreduce(group_.describe());
     global_used_ = local_used_.clone();
@@ -494,6 +465,37 @@ void Reducer::finalize_backward() {
   trace_.finished = since_start();
   finish_step();
   if (every_backward_) arm(nullptr);
+}
+
+void Reducer::wait_for_bucket(size_t b) {
+  auto& bucket = buckets_[b];
+  at::Tensor reduced;
+  try {
+    reduced = bucket.future->wait(group_.timeout());
+  } catch (const std::exception& e) {
+    const auto unreachable = group_.unreachable_members();
+    fail(group_.describe() + ": allreduce of " + bucket_name(b) + " did not complete: " + message_of(e) + "\n" +
+         (unreachable.empty() ? "Every rank must run the same synchronised backward passes; check the other ranks' "
+                                "output for an earlier error."
+                              : "Unreachable: " + unreachable + "."));
+  }
+  bucket.future.reset();
+  if (reduced.defined() && !is_view_of(reduced, bucket.buffer)) {
+    if (reduced.numel() != bucket.buffer.numel()) {
+      fail(group_.describe() + ": the comm hook returned " + std::to_string(reduced.numel()) + " values for " +
+           bucket_name(b) + ", which holds " + std::to_string(bucket.buffer.numel()) + ".");
+    }
+    torch::NoGradGuard no_grad;
+    bucket.buffer.copy_(reduced.reshape({-1}));
+  }
+  if (contributing_ranks_ > 0 && contributing_ranks_ != group_.world_size()) {
+    // The hook averaged over the world size; joined ranks sent zeros (Join without
+    // divide_by_initial_world_size).
+    torch::NoGradGuard no_grad;
+    bucket.buffer.mul_(static_cast<double>(group_.world_size()) / contributing_ranks_);
+  }
+  const int64_t at = bucket.reduced_at ? bucket.reduced_at->load() : 0;
+  trace_.buckets[b].reduced = at > 0 ? std::chrono::nanoseconds(at) : since_start();
 }
 
 void Reducer::mark_unused_at_end() {

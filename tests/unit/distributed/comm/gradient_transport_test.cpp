@@ -1,8 +1,11 @@
 #include <lockstep/distributed/comm/gradient_transport.h>
 
+#include <cmath>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <lockstep/core/error.h>
 #include <lockstep/distributed/comm/c10d_transport.h>
 
 #include "../../../support/thread_ranks.h"
@@ -36,13 +39,19 @@ TEST(GradientTransport, TheChoiceFollowsTheOptionsOnEveryRank) {
 // shared memory starts each bucket on a cache line and reuses the slot for a new layout.
 class Transports : public ::testing::TestWithParam<bool> {};
 
+// Shared memory, chosen as DDP chooses it (for 16 float32 values), or Gloo.
+std::shared_ptr<GradientTransport> transport_for(ProcessGroup& g, bool shared) {
+  std::string why_not;
+  auto transport = shared ? choose_gradient_transport(g, {torch::ones({16})}, true, &why_not)
+                          : std::make_shared<C10dTransport>(g);
+  EXPECT_EQ(transport->name(), shared ? "shared memory" : "gloo") << why_not;
+  return transport;
+}
+
 TEST_P(Transports, AllocateAndAverageBuckets) {
   const bool shared = GetParam();
   run_ranks(3, [shared](ProcessGroup& g) {
-    std::string why_not;
-    auto transport = shared ? choose_gradient_transport(g, {torch::ones({16})}, true, &why_not)
-                            : std::make_shared<C10dTransport>(g);
-    ASSERT_EQ(transport->name(), shared ? "shared memory" : "gloo") << why_not;
+    auto transport = transport_for(g, shared);
     auto first = transport->allocate(0, 3, torch::kFloat32);
     auto second = transport->allocate(1, 5, torch::kFloat64);
     EXPECT_TRUE(first.eq(0).all().item<bool>());
@@ -62,6 +71,29 @@ TEST_P(Transports, AllocateAndAverageBuckets) {
     auto again = transport->allocate(0, 3, torch::kFloat32);  // a rebuilt layout
     if (shared) EXPECT_EQ(again.data_ptr(), first.data_ptr());
     EXPECT_TRUE(again.eq(0).all().item<bool>());
+  });
+}
+
+// The compression hooks' mean rounds each rank's values first (1 + 2^-20 and 3 + 2^-20 are 1 and
+// 3 in float16 and bfloat16, whose mean, 2, every path computes exactly) and ends in the buffer;
+// a dtype that is not 16-bit is refused before anything is sent.
+TEST_P(Transports, CompressedMeanRoundsEachRanksValuesFirst) {
+  const bool shared = GetParam();
+  run_ranks(2, [shared](ProcessGroup& g) {
+    auto transport = transport_for(g, shared);
+    auto bucket = transport->allocate(0, 5, torch::kFloat32);
+    try {
+      transport->allreduce_mean_compressed(0, bucket, 2, at::kFloat);
+      ADD_FAILURE() << "float32 accepted as a compressed dtype";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("float16 or bfloat16, not Float"), std::string::npos) << e.what();
+    }
+    for (const auto dtype : {at::kHalf, at::kBFloat16}) {
+      bucket.fill_(1.0 + std::ldexp(1.0, -20) + 2 * g.rank());
+      auto mean = transport->allreduce_mean_compressed(0, bucket, 2, dtype).wait(std::chrono::seconds(20));
+      EXPECT_TRUE(mean.eq(2.0).all().item<bool>()) << dtype << " rank " << g.rank() << ": " << mean;
+      EXPECT_TRUE(bucket.eq(2.0).all().item<bool>()) << dtype << " rank " << g.rank() << ": " << bucket;
+    }
   });
 }
 
