@@ -19,13 +19,13 @@ namespace distributed {
 /// A flat buffer given as the tensors it is made of, so that a reduce-scatter of gradients needs
 /// no flat copy of them: `tensors[i]` (contiguous) holds the flat's elements from `offsets[i]`
 /// on. Offsets ascend, the tensors do not overlap, and elements that no tensor holds are zero.
-/// A tensor converts to the flat of one piece, itself.
-struct FlatPieces {
-  FlatPieces(const at::Tensor& flat);  // NOLINT(google-explicit-constructor): a flat is one piece
-  FlatPieces(int64_t numel, std::vector<at::Tensor> tensors, std::vector<int64_t> offsets);
-  /// One piece that is the whole flat.
+/// A tensor converts to the flat of one segment, itself.
+struct FlatSegments {
+  FlatSegments(const at::Tensor& flat);  // NOLINT(google-explicit-constructor): a flat is one segment
+  FlatSegments(int64_t numel, std::vector<at::Tensor> tensors, std::vector<int64_t> offsets);
+  /// One segment that is the whole flat.
   bool whole() const { return tensors.size() == 1 && offsets[0] == 0 && tensors[0].numel() == numel; }
-  /// The flat as one tensor of `options`: the piece itself when it is whole(), else a copy.
+  /// The flat as one tensor of `options`: the segment itself when it is whole(), else a copy.
   at::Tensor joined(const at::TensorOptions& options) const;
 
   int64_t numel;
@@ -42,12 +42,12 @@ class ShardTransport {
   /// in rank order and divided by `divisor`; this rank's part (rank * shard.numel(), ...) is
   /// written to `shard`. Blocks until done; fails with DistributedError after the group's timeout
   /// naming `what` (e.g. "reduce_scatter of unit 3's gradients"), this rank and the ranks missing.
-  /// Shared memory reads the pieces where they are; c10d joins them into one flat first.
-  virtual void reduce_scatter(const FlatPieces& flat, at::Tensor& shard, double divisor, const std::string& what) = 0;
+  /// Shared memory reads the segments where they are; c10d joins them into one flat first.
+  virtual void reduce_scatter(const FlatSegments& flat, at::Tensor& shard, double divisor, const std::string& what) = 0;
   /// reduce_scatter whose result is added to `shard` (a gradient shard that accumulates), with
   /// the bits of reduce_scatter into a new tensor and `shard.add_()` of it. This one does just
   /// that; shared memory adds each block as it sums it, without the tensor.
-  virtual void reduce_scatter_add(const FlatPieces& flat, at::Tensor& shard, double divisor, const std::string& what);
+  virtual void reduce_scatter_add(const FlatSegments& flat, at::Tensor& shard, double divisor, const std::string& what);
   /// Every rank's `shard` (the same numel on every rank) into `flat`, in rank order. `shard` may
   /// be this rank's part of `flat` itself. Blocks, and fails as reduce_scatter does.
   virtual void all_gather(const at::Tensor& shard, at::Tensor& flat, const std::string& what) = 0;
@@ -62,10 +62,10 @@ std::shared_ptr<ShardTransport> c10d_shard_transport(ProcessGroup& group);
 /// Shared memory when every rank can use it (`shared_memory` true, more than one rank, all on
 /// this host, the group's device the CPU, LOCKSTEP_DDP_SHARED_MEMORY not 0), else c10d; with
 /// several hosts, c10d. A collective: every rank of `group` calls it with the same
-/// `max_flat_bytes` (the segment holds that much per rank; larger flats go through in pieces).
+/// `max_flat_bytes` (the segment holds that much per rank; larger flats go through in chunks).
 /// `why_not` (may be null) receives why shared memory is not used, "" when it is. In shared
 /// memory, tensors other than contiguous CPU float32, float64 and bfloat16 go through c10d.
-/// (FlatPieces: a flat given as its pieces, e.g. one gradient per parameter.)
+/// (FlatSegments: a flat given as its segments, e.g. one gradient per parameter.)
 ///
 ///   std::string why_not;
 ///   auto transport = choose_shard_transport(group, layout.padded_numel() * 4, true, &why_not);

@@ -4,7 +4,7 @@
 /// barrier of SharedMemoryAllreduce). A reduce-scatter: every rank copies its flat into its slot,
 /// then rank r sums part r over all slots in rank order into its shard. An all-gather: every rank
 /// copies its shard into its slot, then all slots into its flat. A flat larger than a slot goes
-/// through in pieces (the same piece of every shard at a time).
+/// through in chunks (the same chunk of every shard at a time).
 
 #include <atomic>
 #include <chrono>
@@ -38,8 +38,8 @@ class SharedMemoryShardTransport : public ShardTransport {
   SharedMemoryShardTransport& operator=(const SharedMemoryShardTransport&) = delete;
 
   std::string name() const override { return "shared memory"; }
-  void reduce_scatter(const FlatPieces& flat, at::Tensor& shard, double divisor, const std::string& what) override;
-  void reduce_scatter_add(const FlatPieces& flat, at::Tensor& shard, double divisor, const std::string& what) override;
+  void reduce_scatter(const FlatSegments& flat, at::Tensor& shard, double divisor, const std::string& what) override;
+  void reduce_scatter_add(const FlatSegments& flat, at::Tensor& shard, double divisor, const std::string& what) override;
   void all_gather(const at::Tensor& shard, at::Tensor& flat, const std::string& what) override;
 
   /// The bytes of one rank's slot: max_flat_bytes rounded up to whole pages.
@@ -55,13 +55,13 @@ class SharedMemoryShardTransport : public ShardTransport {
   SharedMemoryShardTransport(std::unique_ptr<Segment> segment, int rank, int world_size, std::string who,
                              std::shared_ptr<ShardTransport> fallback);
   template <typename T>
-  void reduce_scatter_pieces(const FlatPieces& flat, T* shard, int64_t shard_numel, T divisor,
+  void reduce_scatter_in_chunks(const FlatSegments& flat, T* shard, int64_t shard_numel, T divisor,
                              const std::string& what, bool add);
   /// reduce_scatter (`add`: reduce_scatter_add) for the tensors shared memory sums itself.
-  void reduce_scatter_typed(const FlatPieces& flat, at::Tensor& shard, double divisor, const std::string& what,
+  void reduce_scatter_typed(const FlatSegments& flat, at::Tensor& shard, double divisor, const std::string& what,
                             bool add);
   template <typename T>
-  void all_gather_pieces(const T* shard, T* flat, int64_t shard_numel, const std::string& what);
+  void all_gather_in_chunks(const T* shard, T* flat, int64_t shard_numel, const std::string& what);
   // Says which call this rank is in, for check_same_call after the first barrier.
   void announce(Operation operation, int64_t shard_numel, at::ScalarType dtype);
   void check_same_call(const std::string& what);

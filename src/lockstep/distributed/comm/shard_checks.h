@@ -15,7 +15,7 @@ namespace detail {
 /// UsageError unless the pieces of `flat` are contiguous, of the shard's dtype and device, in
 /// ascending order, apart, inside the flat, and the flat holds world_size * shard.numel() elements
 /// (check_equal_shards of a whole flat, equal_shards.h, for a flat given as pieces).
-void check_equal_shards(int world_size, const std::string& who, const FlatPieces& flat, const at::Tensor& shard,
+void check_equal_shards(int world_size, const std::string& who, const FlatSegments& flat, const at::Tensor& shard,
                         const std::string& call, const std::string& what);
 
 /// Why shared memory cannot serve `group`, or "" if it may: `allowed` false (then "turned off " +

@@ -22,7 +22,7 @@ class C10dShardTransport : public ShardTransport {
   explicit C10dShardTransport(ProcessGroup& group) : group_(group) {}
   std::string name() const override { return group_.backend_name(); }
 
-  void reduce_scatter(const FlatPieces& flat, at::Tensor& shard, double divisor, const std::string& what) override {
+  void reduce_scatter(const FlatSegments& flat, at::Tensor& shard, double divisor, const std::string& what) override {
     detail::check_equal_shards(group_.world_size(), group_.describe(), flat, shard, "reduce_scatter", what);
     detail::reduce_scatter_equal_shards(group_, flat.joined(shard.options()), shard, divisor, what, CollectiveOptions());
   }
@@ -38,17 +38,17 @@ class C10dShardTransport : public ShardTransport {
 
 }  // namespace
 
-FlatPieces::FlatPieces(const at::Tensor& flat) : numel(flat.numel()), tensors{flat}, offsets{0} {}
+FlatSegments::FlatSegments(const at::Tensor& flat) : numel(flat.numel()), tensors{flat}, offsets{0} {}
 
-FlatPieces::FlatPieces(int64_t numel, std::vector<at::Tensor> tensors, std::vector<int64_t> offsets)
+FlatSegments::FlatSegments(int64_t numel, std::vector<at::Tensor> tensors, std::vector<int64_t> offsets)
     : numel(numel), tensors(std::move(tensors)), offsets(std::move(offsets)) {
   if (this->tensors.size() != this->offsets.size()) {
-    throw UsageError("FlatPieces: " + std::to_string(this->tensors.size()) + " tensors but " +
+    throw UsageError("FlatSegments: " + std::to_string(this->tensors.size()) + " tensors but " +
                      std::to_string(this->offsets.size()) + " offsets; give one offset per tensor.");
   }
 }
 
-at::Tensor FlatPieces::joined(const at::TensorOptions& options) const {
+at::Tensor FlatSegments::joined(const at::TensorOptions& options) const {
   if (whole()) return tensors[0];
   auto flat = torch::zeros({numel}, options);
   for (size_t i = 0; i < tensors.size(); ++i) flat.narrow(0, offsets[i], tensors[i].numel()).copy_(tensors[i].view(-1));
@@ -57,23 +57,23 @@ at::Tensor FlatPieces::joined(const at::TensorOptions& options) const {
 
 namespace detail {
 
-void check_equal_shards(int world_size, const std::string& who, const FlatPieces& flat, const at::Tensor& shard,
+void check_equal_shards(int world_size, const std::string& who, const FlatSegments& flat, const at::Tensor& shard,
                         const std::string& call, const std::string& what) {
   if (flat.whole()) return check_equal_shards(world_size, who, flat.tensors[0], shard, call, what);
   std::string problem;
   int64_t end = 0;
   for (size_t i = 0; i < flat.tensors.size() && problem.empty(); ++i) {
-    const auto& piece = flat.tensors[i];
-    if (!piece.is_contiguous() || piece.scalar_type() != shard.scalar_type() || piece.device() != shard.device()) {
-      problem = "piece " + std::to_string(i) + " is " + piece.toString() + " on " + piece.device().str() +
-                (piece.is_contiguous() ? "" : ", not contiguous") + ", the shard " + shard.toString() + " on " +
-                shard.device().str() + "; give contiguous pieces of the shard's dtype and device";
-    } else if (flat.offsets[i] < end || flat.offsets[i] + piece.numel() > flat.numel) {
-      problem = "piece " + std::to_string(i) + " (elements " + std::to_string(flat.offsets[i]) + " to " +
-                std::to_string(flat.offsets[i] + piece.numel()) + ") overlaps the one before it or ends past the " +
-                "flat's " + std::to_string(flat.numel) + " elements; give pieces in ascending order, apart";
+    const auto& segment = flat.tensors[i];
+    if (!segment.is_contiguous() || segment.scalar_type() != shard.scalar_type() || segment.device() != shard.device()) {
+      problem = "segment " + std::to_string(i) + " is " + segment.toString() + " on " + segment.device().str() +
+                (segment.is_contiguous() ? "" : ", not contiguous") + ", the shard " + shard.toString() + " on " +
+                shard.device().str() + "; give contiguous segments of the shard's dtype and device";
+    } else if (flat.offsets[i] < end || flat.offsets[i] + segment.numel() > flat.numel) {
+      problem = "segment " + std::to_string(i) + " (elements " + std::to_string(flat.offsets[i]) + " to " +
+                std::to_string(flat.offsets[i] + segment.numel()) + ") overlaps the one before it or ends past the " +
+                "flat's " + std::to_string(flat.numel) + " elements; give segments in ascending order, apart";
     }
-    end = flat.offsets[i] + piece.numel();
+    end = flat.offsets[i] + segment.numel();
   }
   if (problem.empty() && flat.numel != world_size * shard.numel()) {
     problem = "flat has " + std::to_string(flat.numel) + " elements and shard " + std::to_string(shard.numel()) +
@@ -93,7 +93,7 @@ std::string shared_memory_unsuitable(const ProcessGroup& group, bool allowed, co
 
 }  // namespace detail
 
-void ShardTransport::reduce_scatter_add(const FlatPieces& flat, at::Tensor& shard, double divisor,
+void ShardTransport::reduce_scatter_add(const FlatSegments& flat, at::Tensor& shard, double divisor,
                                         const std::string& what) {
   auto part = at::empty_like(shard);
   reduce_scatter(flat, part, divisor, what);

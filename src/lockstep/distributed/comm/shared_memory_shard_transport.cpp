@@ -20,15 +20,15 @@ namespace distributed {
 namespace {
 
 // What shared memory sums and copies itself; anything else goes through c10d.
-bool in_reach(const at::Tensor& t) {
+bool shared_memory_takes(const at::Tensor& t) {
   const auto dtype = t.scalar_type();
   return t.device().is_cpu() && t.is_contiguous() &&
          (dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16);
 }
 
-// Elements from, ..., from + count - 1 of `flat` into `to`: copied from the pieces, zero between them.
+// Elements from, ..., from + count - 1 of `flat` into `to`: copied from the segments, zero between them.
 template <typename T>
-void copy_range(const FlatPieces& flat, int64_t from, int64_t count, T* to) {
+void copy_range(const FlatSegments& flat, int64_t from, int64_t count, T* to) {
   const int64_t end = from + count;
   int64_t at = from;
   for (size_t i = 0; i < flat.tensors.size() && at < end; ++i) {
@@ -99,58 +99,58 @@ void SharedMemoryShardTransport::leave() {
 
 int64_t SharedMemoryShardTransport::slot_bytes() const { return segment_->memory->slot_bytes(); }
 
-void SharedMemoryShardTransport::reduce_scatter(const FlatPieces& flat, at::Tensor& shard, double divisor,
+void SharedMemoryShardTransport::reduce_scatter(const FlatSegments& flat, at::Tensor& shard, double divisor,
                                                 const std::string& what) {
   detail::check_equal_shards(world_size_, who_, flat, shard, "reduce_scatter", what);
-  if (!in_reach(shard)) return fallback_->reduce_scatter(flat, shard, divisor, what);
+  if (!shared_memory_takes(shard)) return fallback_->reduce_scatter(flat, shard, divisor, what);
   reduce_scatter_typed(flat, shard, divisor, what, false);
 }
 
-void SharedMemoryShardTransport::reduce_scatter_add(const FlatPieces& flat, at::Tensor& shard, double divisor,
+void SharedMemoryShardTransport::reduce_scatter_add(const FlatSegments& flat, at::Tensor& shard, double divisor,
                                                     const std::string& what) {
   detail::check_equal_shards(world_size_, who_, flat, shard, "reduce_scatter", what);
-  if (!in_reach(shard)) return fallback_->reduce_scatter_add(flat, shard, divisor, what);
+  if (!shared_memory_takes(shard)) return fallback_->reduce_scatter_add(flat, shard, divisor, what);
   reduce_scatter_typed(flat, shard, divisor, what, true);
 }
 
-void SharedMemoryShardTransport::reduce_scatter_typed(const FlatPieces& flat, at::Tensor& shard, double divisor,
+void SharedMemoryShardTransport::reduce_scatter_typed(const FlatSegments& flat, at::Tensor& shard, double divisor,
                                                       const std::string& what, bool add) {
   if (!broken_.empty()) fail(what, "an earlier call failed: " + broken_);
   if (shard.scalar_type() == at::kFloat) {
-    reduce_scatter_pieces<float>(flat, shard.data_ptr<float>(), shard.numel(), static_cast<float>(divisor), what,
+    reduce_scatter_in_chunks<float>(flat, shard.data_ptr<float>(), shard.numel(), static_cast<float>(divisor), what,
                                  add);
   } else if (shard.scalar_type() == at::kBFloat16) {
-    reduce_scatter_pieces<c10::BFloat16>(flat, shard.data_ptr<c10::BFloat16>(), shard.numel(),
+    reduce_scatter_in_chunks<c10::BFloat16>(flat, shard.data_ptr<c10::BFloat16>(), shard.numel(),
                                          c10::BFloat16(static_cast<float>(divisor)), what, add);
   } else {
-    reduce_scatter_pieces<double>(flat, shard.data_ptr<double>(), shard.numel(), divisor, what, add);
+    reduce_scatter_in_chunks<double>(flat, shard.data_ptr<double>(), shard.numel(), divisor, what, add);
   }
 }
 
 void SharedMemoryShardTransport::all_gather(const at::Tensor& shard, at::Tensor& flat, const std::string& what) {
   detail::check_equal_shards(world_size_, who_, flat, shard, "all_gather", what);
-  if (!in_reach(flat)) return fallback_->all_gather(shard, flat, what);
+  if (!shared_memory_takes(flat)) return fallback_->all_gather(shard, flat, what);
   if (!broken_.empty()) fail(what, "an earlier call failed: " + broken_);
   if (flat.scalar_type() == at::kFloat) {
-    all_gather_pieces<float>(shard.data_ptr<float>(), flat.data_ptr<float>(), shard.numel(), what);
+    all_gather_in_chunks<float>(shard.data_ptr<float>(), flat.data_ptr<float>(), shard.numel(), what);
   } else if (flat.scalar_type() == at::kBFloat16) {
-    all_gather_pieces<c10::BFloat16>(shard.data_ptr<c10::BFloat16>(), flat.data_ptr<c10::BFloat16>(), shard.numel(),
+    all_gather_in_chunks<c10::BFloat16>(shard.data_ptr<c10::BFloat16>(), flat.data_ptr<c10::BFloat16>(), shard.numel(),
                                      what);
   } else {
-    all_gather_pieces<double>(shard.data_ptr<double>(), flat.data_ptr<double>(), shard.numel(), what);
+    all_gather_in_chunks<double>(shard.data_ptr<double>(), flat.data_ptr<double>(), shard.numel(), what);
   }
 }
 
-// Piece by piece: the same `count` elements of every rank's part of the flat at a time, so that a
-// slot holds world_size pieces; a flat that fits goes in one piece.
+// Chunk by chunk: the same `count` elements of every rank's part of the flat at a time, so that a
+// slot holds world_size chunks; a flat that fits goes in one chunk.
 template <typename T>
-void SharedMemoryShardTransport::reduce_scatter_pieces(const FlatPieces& flat, T* shard, int64_t shard_numel,
+void SharedMemoryShardTransport::reduce_scatter_in_chunks(const FlatSegments& flat, T* shard, int64_t shard_numel,
                                                        T divisor, const std::string& what, bool add) {
   const int64_t slot_elements = slot_bytes() / static_cast<int64_t>(sizeof(T));
-  const int64_t piece = std::min(shard_numel, slot_elements / world_size_);
+  const int64_t chunk = std::min(shard_numel, slot_elements / world_size_);
   announce(Operation::reduce_scatter, shard_numel, c10::CppTypeToScalarType<T>::value);
-  for (int64_t begin = 0; begin < shard_numel; begin += piece) {
-    const int64_t count = std::min(piece, shard_numel - begin);
+  for (int64_t begin = 0; begin < shard_numel; begin += chunk) {
+    const int64_t count = std::min(chunk, shard_numel - begin);
     T* mine = segment_->slot<T>(rank_);
     for (int r = 0; r < world_size_; ++r) copy_range<T>(flat, r * shard_numel + begin, count, mine + r * count);
     barrier(what, "flats written");
@@ -164,12 +164,12 @@ void SharedMemoryShardTransport::reduce_scatter_pieces(const FlatPieces& flat, T
 }
 
 template <typename T>
-void SharedMemoryShardTransport::all_gather_pieces(const T* shard, T* flat, int64_t shard_numel,
+void SharedMemoryShardTransport::all_gather_in_chunks(const T* shard, T* flat, int64_t shard_numel,
                                                    const std::string& what) {
-  const int64_t piece = std::min(shard_numel, slot_bytes() / static_cast<int64_t>(sizeof(T)));
+  const int64_t chunk = std::min(shard_numel, slot_bytes() / static_cast<int64_t>(sizeof(T)));
   announce(Operation::all_gather, shard_numel, c10::CppTypeToScalarType<T>::value);
-  for (int64_t begin = 0; begin < shard_numel; begin += piece) {
-    const int64_t count = std::min(piece, shard_numel - begin);
+  for (int64_t begin = 0; begin < shard_numel; begin += chunk) {
+    const int64_t count = std::min(chunk, shard_numel - begin);
     const size_t bytes = static_cast<size_t>(count) * sizeof(T);
     std::memcpy(segment_->slot<T>(rank_), shard + begin, bytes);
     barrier(what, "shards written");

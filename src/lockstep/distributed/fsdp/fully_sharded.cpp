@@ -25,7 +25,7 @@ namespace {
 
 using detail::ForwardOrder;
 
-// The shared memory slot of each rank: larger units go through it in pieces. A slot the size of
+// The shared memory slot of each rank: larger units go through it in chunks. A slot the size of
 // the largest unit would put world size x that unit in every rank's resident memory.
 constexpr int64_t kSharedMemorySlotBytes = 16 << 20;
 

@@ -49,8 +49,7 @@ void GradientHooks::add(const at::Tensor& parameter, std::function<void()> befor
 }
 
 void GradientHooks::reattach(size_t k, const at::Tensor& parameter) const {
-  auto* meta = torch::autograd::impl::get_autograd_meta(parameter);
-  meta->grad_accumulator_ = decltype(meta->grad_accumulator_)(accumulators_.at(k));
+  libtorch::restore_grad_accumulator(parameter, accumulators_.at(k));
 }
 
 }  // namespace detail

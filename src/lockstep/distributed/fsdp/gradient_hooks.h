@@ -8,7 +8,8 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
-#include <torch/csrc/autograd/variable.h>
+
+#include <lockstep/core/libtorch_compat.h>
 
 namespace lockstep {
 namespace distributed {
@@ -31,9 +32,7 @@ class GradientHooks {
   void reattach(size_t k, const at::Tensor& parameter) const;
 
  private:
-  // std::shared_ptr in LibTorch 1.x, c10::intrusive_ptr in 2.x.
-  using Accumulator = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
-  std::vector<Accumulator> accumulators_;
+  std::vector<libtorch::GradAccumulator> accumulators_;
   std::vector<uintptr_t> post_hook_keys_;
   std::vector<const void*> pre_hooks_;  // ours, one per accumulator
 };

@@ -278,7 +278,7 @@ void ShardedUnit::post_backward() {
       for (auto& grad : grads) {
         if (grad.scalar_type() != dtype) grad = grad.to(dtype);
       }
-      FlatPieces pieces(layout_.padded_numel(), std::move(grads), std::move(offsets));
+      FlatSegments pieces(layout_.padded_numel(), std::move(grads), std::move(offsets));
       if (!comm_.replica_group && reduced_.scalar_type() == dtype) {
         // Summed straight into the kept shard: no shard-sized tensor to allocate and add.
         comm_.transport->reduce_scatter_add(pieces, reduced_, world, "reduce_scatter of " + what);

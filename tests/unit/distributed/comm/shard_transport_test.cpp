@@ -27,7 +27,7 @@ using lockstep::testing::run_ranks;
 
 std::chrono::milliseconds forever() { return std::chrono::seconds(20); }
 
-// A slot of 64 KiB: 100003 values per rank go through in pieces, 17 in one.
+// A slot of 64 KiB: 100003 values per rank go through in chunks, 17 in one.
 constexpr int64_t kSlotBytes = 64 << 10;
 const std::vector<int64_t> kShardSizes = {1, 17, 100003};
 
@@ -71,7 +71,7 @@ Both both_transports(ProcessGroup& g) {
 class ShardTransports : public ::testing::TestWithParam<int> {};
 
 // Each rank's shard is the rank-order sum of its part, to the bit, through Gloo and through
-// shared memory alike; float and double; shards that fit a slot and ones that go in pieces.
+// shared memory alike; float and double; shards that fit a slot and ones that go in chunks.
 TEST_P(ShardTransports, ReduceScatterIsTheRankOrderSumOnBothPaths) {
   const int world = GetParam();
   run_ranks(world, [world](ProcessGroup& g) {
@@ -92,10 +92,10 @@ TEST_P(ShardTransports, ReduceScatterIsTheRankOrderSumOnBothPaths) {
   }, forever());
 }
 
-// A flat given as pieces (gradients of parameters, gaps of padding between and after them)
-// reduces to the bits of the flat they make, zeros in the gaps, on both paths; pieces cross the
-// shards' boundaries and, with 100003 values per rank, the slot's pieces.
-TEST_P(ShardTransports, PiecesReduceAsTheFlatTheyMake) {
+// A flat given as segments (gradients of parameters, gaps of padding between and after them)
+// reduces to the bits of the flat they make, zeros in the gaps, on both paths; segments cross the
+// shards' boundaries and, with 100003 values per rank, the slot's chunks.
+TEST_P(ShardTransports, SegmentsReduceAsTheFlatTheyMake) {
   const int world = GetParam();
   run_ranks(world, [world](ProcessGroup& g) {
     const auto transports = both_transports(g);
@@ -115,7 +115,7 @@ TEST_P(ShardTransports, PiecesReduceAsTheFlatTheyMake) {
         auto from_flat = torch::empty({n});
         auto from_pieces = torch::empty({n});
         transport->reduce_scatter(expected_flat, from_flat, world, "the flat");
-        transport->reduce_scatter(FlatPieces(total, pieces, offsets), from_pieces, world, "its pieces");
+        transport->reduce_scatter(FlatSegments(total, pieces, offsets), from_pieces, world, "its pieces");
         EXPECT_TRUE(from_pieces.equal(from_flat)) << transport->name() << ", rank " << g.rank() << ", n " << n;
       }
     }
@@ -138,7 +138,7 @@ TEST_P(ShardTransports, ReduceScatterAddIsReduceScatterThenAdd) {
                                              flat.narrow(0, total / 2, total - 1 - total / 2).clone()};
         const auto earlier = values_of(100 + g.rank(), n, at::kFloat).to(dtype);
         for (const auto& transport : {transports.c10d, transports.shared}) {
-          for (const auto& given : {FlatPieces(flat), FlatPieces(total, pieces, offsets)}) {
+          for (const auto& given : {FlatSegments(flat), FlatSegments(total, pieces, offsets)}) {
             auto part = torch::empty({n}, flat.options());
             transport->reduce_scatter(given, part, world, "reduce_scatter test");
             const auto expected = earlier.clone().add_(part);
@@ -307,11 +307,11 @@ TEST(SharedMemoryShardTransport, PiecesOutOfOrderAreUsageErrors) {
   run_ranks(2, [](ProcessGroup& g) {
     for (const auto& transport : {choose_shard_transport(g, kSlotBytes, true, nullptr), c10d_shard_transport(g)}) {
       auto shard = torch::empty({4});
-      const FlatPieces overlapping(8, {torch::ones({3}), torch::ones({3})}, {0, 2});
+      const FlatSegments overlapping(8, {torch::ones({3}), torch::ones({3})}, {0, 2});
       const auto message = error_of<UsageError>([&] { transport->reduce_scatter(overlapping, shard, 1.0, "unit 2"); });
-      EXPECT_NE(message.find(": reduce_scatter (unit 2): piece 1 (elements 2 to 5) overlaps the one before it"),
+      EXPECT_NE(message.find(": reduce_scatter (unit 2): segment 1 (elements 2 to 5) overlaps the one before it"),
                 std::string::npos) << message;
-      const FlatPieces wrong_dtype(8, {torch::ones({3}, torch::kDouble)}, {0});
+      const FlatSegments wrong_dtype(8, {torch::ones({3}, torch::kDouble)}, {0});
       EXPECT_THROW(transport->reduce_scatter(wrong_dtype, shard, 1.0, "unit 2"), UsageError);
     }
   }, forever());
