@@ -10,6 +10,7 @@
 #include <lockstep/accelerators/device_parser.h>
 #include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/checkpoint/optimizer_state.h>
+#include <lockstep/checkpoint/safetensors.h>
 #include <lockstep/checkpoint/state_dict.h>
 #include <lockstep/core/blas.h>
 #include <lockstep/core/error.h>
@@ -270,7 +271,30 @@ std::shared_ptr<distributed::ProcessGroup> Fabric::new_group(const std::vector<i
 
 void Fabric::barrier(const std::string& name) { strategy().barrier(name); }
 
+namespace {
+
+// A .safetensors file holds one module's weights; Fabric refuses to drop the rest of a state.
+void check_weights_only(const std::string& path, const FabricState& state) {
+  std::string modules, others;
+  int module_count = 0;
+  for (const auto& [key, entry] : state) {
+    module_count += entry.module() ? 1 : 0;
+    if (entry.module()) modules += (modules.empty() ? "'" : ", '") + key + "'";
+    if (!entry.module()) others += (others.empty() ? "'" : ", '") + key + (entry.optimizer() ? "' (an optimizer)" : "' (a value)");
+  }
+  LOCKSTEP_CHECK(others.empty(), UsageError, "Fabric::save(\"", path, "\"): a .safetensors file holds one module's ",
+                 "weights and nothing else, and the state also holds ", others, ". Save the weights alone there ",
+                 "(fabric.save(path, {{\"model\", model}})), and the whole state to a .ckpt file to resume from.");
+  LOCKSTEP_CHECK(module_count == 1, UsageError, "Fabric::save(\"", path,
+                 "\"): a .safetensors file holds one module's weights, and the state holds ",
+                 modules.empty() ? std::string("none") : modules, ". Save each module to a file of its own.");
+}
+
+}  // namespace
+
 void Fabric::save(const std::string& path, const FabricState& state, const SaveFilter& filter) {
+  const bool safetensors = checkpoint::is_safetensors_path(path);
+  if (safetensors) check_weights_only(path, state);
   for (const auto& [key, keep] : filter) {
     auto it = state.find(key);
     LOCKSTEP_CHECK(it != state.end() && it->second.module(), UsageError, "Fabric::save: the filter for '", key,
@@ -294,7 +318,8 @@ void Fabric::save(const std::string& path, const FabricState& state, const SaveF
         ckpt.insert(key, entry.value());
       }
     }
-    if (strategy().is_global_zero()) checkpoint_io_->save(ckpt, path);
+    // A .safetensors file holds the one module's state_dict itself.
+    if (strategy().is_global_zero()) checkpoint_io_->save(safetensors ? (*ckpt.begin()).value() : c10::IValue(ckpt), path);
   }
   strategy().barrier("fabric_save");
 }
