@@ -126,7 +126,7 @@ c10::Dict<std::string, torch::Tensor> tensors_only(const c10::IValue& checkpoint
         tensors.insert(entry.key().toStringRef(), entry.value().toTensor());
       } else if (others.size() < 200) {
         others += (others.empty() ? "" : ", ") + (entry.key().isString() ? "'" + entry.key().toStringRef() + "'" : "a " +
-                  entry.key().type()->str() + " key") + " (a " + entry.value().type()->str() + ")";
+                  entry.key().type()->str() + " key") + " (" + entry.value().type()->str() + ")";
       }
     }
   }

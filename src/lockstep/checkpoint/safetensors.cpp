@@ -142,11 +142,6 @@ std::string dims_text(const std::vector<int64_t>& shape) {
 std::string read_tensor_entry(const std::string& name, const json& info, TensorEntry& entry) {
   entry.name = name;
   if (!info.is_object()) return "the header's entry for '" + name + "' is not an object";
-  for (const auto& [key, value] : info.items()) {
-    if (key != "dtype" && key != "shape" && key != "data_offsets") {
-      return "the header's entry for '" + name + "' has an unknown field '" + key + "'";
-    }
-  }
   const auto dtype = info.find("dtype");
   if (dtype == info.end() || !dtype->is_string()) return "'" + name + "' has no dtype string";
   entry.dtype = dtype_named(dtype->get<std::string>());

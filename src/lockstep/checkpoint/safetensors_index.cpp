@@ -88,15 +88,16 @@ Safetensors load_sharded_safetensors(const std::string& index_path) {
     }
   }
   const fs::path folder = fs::path(index_path).parent_path();
-  std::map<std::string, at::Tensor> tensors;
-  for (const auto& [shard, names] : names_of) {
-    const std::string shard_path = (folder / shard).string();
+  for (const auto& [shard, names] : names_of) {  // every shard there before any is read
     std::error_code error;
-    if (!fs::exists(shard_path, error)) {
+    if (!fs::exists(folder / shard, error)) {
       bad_index(index_path, "its shard '" + shard + "' (of '" + *names.begin() + "') is not in " +
                                 (folder.empty() ? std::string("the current folder") : "'" + folder.string() + "'"));
     }
-    const Safetensors part = load_safetensors(shard_path);
+  }
+  std::map<std::string, at::Tensor> tensors;
+  for (const auto& [shard, names] : names_of) {
+    const Safetensors part = load_safetensors((folder / shard).string());
     for (const auto& item : part.tensors) {
       if (!names.count(item.key())) {
         bad_index(index_path, "shard '" + shard + "' holds '" + item.key() + "', which the weight_map does not put there");
