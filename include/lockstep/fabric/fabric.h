@@ -266,7 +266,9 @@ class Fabric {
   /// Restores every entry of `state` from the checkpoint at `path` (modules and optimizers in
   /// place, values replaced), on every rank. Returns the checkpoint's other entries. A missing
   /// file, or (with `strict`) a key of `state` the checkpoint lacks or a module whose parameter
-  /// names differ, is a UsageError naming it; without `strict` those are skipped.
+  /// names differ, is a UsageError naming it; without `strict` those are skipped. A path ending
+  /// in ".safetensors" (or ".safetensors.index.json") loads into the one module `state` holds, as
+  /// save() wrote it (an optimizer or a value in `state` is refused by name), and returns {}.
   c10::impl::GenericDict load(const std::string& path, FabricState& state, bool strict = true);
   /// The whole checkpoint at `path`, restoring nothing.
   c10::impl::GenericDict load(const std::string& path);

@@ -273,8 +273,10 @@ void Fabric::barrier(const std::string& name) { strategy().barrier(name); }
 
 namespace {
 
-// A .safetensors file holds one module's weights; Fabric refuses to drop the rest of a state.
-void check_weights_only(const std::string& path, const FabricState& state) {
+// A .safetensors file holds one module's weights; Fabric refuses to drop (or leave unloaded) the
+// rest of a state. `call` is "Fabric::save" or "Fabric::load".
+void check_weights_only(const std::string& call, const std::string& path, const FabricState& state) {
+  const bool saving = call == "Fabric::save";
   std::string modules, others;
   int module_count = 0;
   for (const auto& [key, entry] : state) {
@@ -282,19 +284,23 @@ void check_weights_only(const std::string& path, const FabricState& state) {
     if (entry.module()) modules += (modules.empty() ? "'" : ", '") + key + "'";
     if (!entry.module()) others += (others.empty() ? "'" : ", '") + key + (entry.optimizer() ? "' (an optimizer)" : "' (a value)");
   }
-  LOCKSTEP_CHECK(others.empty(), UsageError, "Fabric::save(\"", path, "\"): a .safetensors file holds one module's ",
-                 "weights and nothing else, and the state also holds ", others, ". Save the weights alone there ",
-                 "(fabric.save(path, {{\"model\", model}})), and the whole state to a .ckpt file to resume from.");
-  LOCKSTEP_CHECK(module_count == 1, UsageError, "Fabric::save(\"", path,
+  LOCKSTEP_CHECK(others.empty(), UsageError, call, "(\"", path, "\"): a .safetensors file holds one module's ",
+                 "weights and nothing else, and the state also holds ", others, ". ",
+                 saving ? "Save the weights alone there (fabric.save(path, {{\"model\", model}})), and the whole state "
+                          "to a .ckpt file to resume from."
+                        : "Load the weights alone from it (fabric.load(path, {{\"model\", model}})), and the rest from "
+                          "the .ckpt file saved with them.");
+  LOCKSTEP_CHECK(module_count == 1, UsageError, call, "(\"", path,
                  "\"): a .safetensors file holds one module's weights, and the state holds ",
-                 modules.empty() ? std::string("none") : modules, ". Save each module to a file of its own.");
+                 modules.empty() ? std::string("none") : modules, ". ",
+                 saving ? "Save each module to a file of its own." : "Load each module from a file of its own.");
 }
 
 }  // namespace
 
 void Fabric::save(const std::string& path, const FabricState& state, const SaveFilter& filter) {
   const bool safetensors = checkpoint::is_safetensors_path(path);
-  if (safetensors) check_weights_only(path, state);
+  if (safetensors) check_weights_only("Fabric::save", path, state);
   for (const auto& [key, keep] : filter) {
     auto it = state.find(key);
     LOCKSTEP_CHECK(it != state.end() && it->second.module(), UsageError, "Fabric::save: the filter for '", key,
@@ -344,6 +350,11 @@ void restore(strategies::Strategy& strategy, const std::string& path, const std:
 }  // namespace
 
 c10::impl::GenericDict Fabric::load(const std::string& path, FabricState& state, bool strict) {
+  if (checkpoint::is_safetensors_path(path)) {  // what save() wrote there: the one module's state_dict
+    check_weights_only("Fabric::load", path, state);
+    load_raw(path, state.begin()->second, strict);
+    return checkpoint::make_checkpoint();
+  }
   auto ckpt = load(path).copy();  // the entries restored are removed below; the CheckpointIO may keep its dict
   if (strict) {
     std::vector<std::string> keys;

@@ -1,6 +1,7 @@
-// Fabric's save and load_raw with safetensors (checkpoint/safetensors.h): a path ending in
-// ".safetensors" or ".safetensors.index.json" writes one module's state_dict, and load_raw
-// reads it back with a KeyMap; a state with more than one module's weights is refused by name.
+// Fabric's save, load and load_raw with safetensors (checkpoint/safetensors.h): a path ending in
+// ".safetensors" or ".safetensors.index.json" writes one module's state_dict, and load and
+// load_raw read it back (load_raw with a KeyMap); a state with more than one module's weights is
+// refused by name.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -63,6 +64,10 @@ TEST_F(FabricSafetensors, SaveWritesTheModulesStateDictAndLoadRawReadsItBack) {
   EXPECT_FALSE(same_outputs(*net, *fresh));
   fabric.load_raw(dir / "model.safetensors", fresh);
   EXPECT_TRUE(same_outputs(*net, *fresh));
+  auto loaded = std::make_shared<Net>();  // load() of the state that save() was given
+  FabricState state{{"model", loaded}};
+  EXPECT_TRUE(fabric.load(dir / "model.safetensors", state).empty());
+  EXPECT_TRUE(same_outputs(*net, *loaded));
   // Hugging Face's sharded form, by the index's name.
   auto again = std::make_shared<Net>();
   fabric.save(dir / "sharded/model.safetensors.index.json", {{"model", model}});
@@ -108,6 +113,16 @@ TEST_F(FabricSafetensors, AnOptimizerAValueOrASecondModuleIsRefusedByName) {
       << two;
   EXPECT_FALSE(std::filesystem::exists(dir / "a.safetensors"));
   EXPECT_FALSE(std::filesystem::exists(dir / "b.safetensors"));
+  fabric.save(dir / "net.safetensors", {{"model", net}});
+  FabricState with_step{{"model", net}, {"step", int64_t{0}}};
+  try {
+    fabric.load(dir / "net.safetensors", with_step);
+    ADD_FAILURE() << "loaded";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("Fabric::load(\"" + dir / "net.safetensors" + "\"): a .safetensors file holds "
+                                         "one module's weights and nothing else, and the state also holds 'step' (a value)"),
+              std::string::npos) << e.what();
+  }
 }
 
 }  // namespace fabric_safetensors_test
