@@ -138,6 +138,27 @@ std::string dims_text(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
+// "" when `shape` is a list of sizes whose product (zeros aside) fits LibTorch's int64 strides;
+// `elements` is the tensor's number of elements.
+std::string read_shape(const std::string& name, const json& shape, TensorEntry& entry, uint64_t& elements) {
+  if (!shape.is_array()) return "'" + name + "' has no shape list";
+  uint64_t nonzero = 1;
+  bool empty = false;
+  for (const auto& dim : shape) {
+    if (!dim.is_number_unsigned() || dim.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+      return "'" + name + "' has a shape " + shape.dump() + " that is not a list of sizes";
+    }
+    const uint64_t size = dim.get<uint64_t>();
+    entry.shape.push_back(static_cast<int64_t>(size));
+    empty = empty || size == 0;
+    if (__builtin_mul_overflow(nonzero, std::max<uint64_t>(size, 1), &nonzero) || nonzero > static_cast<uint64_t>(INT64_MAX)) {
+      return "'" + name + "' has a shape " + shape.dump() + " too large for any file";
+    }
+  }
+  elements = empty ? 0 : nonzero;
+  return "";
+}
+
 // "" when `info` describes a tensor as Python's safetensors writes it; else what is wrong.
 std::string read_tensor_entry(const std::string& name, const json& info, TensorEntry& entry) {
   entry.name = name;
@@ -149,19 +170,10 @@ std::string read_tensor_entry(const std::string& name, const json& info, TensorE
     return "'" + name + "' has dtype " + dtype->get<std::string>() + ", which Lockstep does not read (it reads " +
            dtype_names() + ")";
   }
+  uint64_t elements = 0;
   const auto shape = info.find("shape");
-  if (shape == info.end() || !shape->is_array()) return "'" + name + "' has no shape list";
-  uint64_t elements = 1;
-  for (const auto& dim : *shape) {
-    if (!dim.is_number_unsigned() || dim.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
-      return "'" + name + "' has a shape " + shape->dump() + " that is not a list of sizes";
-    }
-    entry.shape.push_back(static_cast<int64_t>(dim.get<uint64_t>()));
-    // Zero sizes aside, the product must stay an int64, as LibTorch's strides need.
-    const uint64_t factor = std::max<uint64_t>(dim.get<uint64_t>(), 1);
-    if (__builtin_mul_overflow(elements, factor, &elements) || elements > static_cast<uint64_t>(INT64_MAX)) {
-      return "'" + name + "' has a shape " + shape->dump() + " too large for any file";
-    }
+  if (auto problem = read_shape(name, shape == info.end() ? json() : *shape, entry, elements); !problem.empty()) {
+    return problem;
   }
   const auto offsets = info.find("data_offsets");
   if (offsets == info.end() || !offsets->is_array() || offsets->size() != 2 || !(*offsets)[0].is_number_unsigned() ||
@@ -170,18 +182,12 @@ std::string read_tensor_entry(const std::string& name, const json& info, TensorE
   }
   entry.begin = (*offsets)[0].get<uint64_t>();
   entry.end = (*offsets)[1].get<uint64_t>();
-  if (entry.end < entry.begin) {
-    return "'" + name + "' has data_offsets " + offsets->dump() + " that end before they begin";
-  }
+  if (entry.end < entry.begin) return "'" + name + "' has data_offsets " + offsets->dump() + " that end before they begin";
   uint64_t bytes = 0;
-  for (const int64_t dim : entry.shape) {
-    if (dim == 0) return entry.end == entry.begin ? "" : "'" + name + "' is empty (shape " + dims_text(entry.shape) +
-                                                              ") but its data_offsets " + offsets->dump() + " hold bytes";
-  }
   if (__builtin_mul_overflow(elements, entry.dtype->size, &bytes) || bytes != entry.end - entry.begin) {
-    return "'" + name + "' is " + entry.dtype->name + " " + dims_text(entry.shape) + ", " +
-           std::to_string(elements) + " elements of " + std::to_string(entry.dtype->size) +
-           " bytes, but its data_offsets " + offsets->dump() + " hold " + std::to_string(entry.end - entry.begin);
+    return "'" + name + "' is " + entry.dtype->name + " " + dims_text(entry.shape) + ", " + std::to_string(elements) +
+           " elements of " + std::to_string(entry.dtype->size) + " bytes, but its data_offsets " + offsets->dump() +
+           " hold " + std::to_string(entry.end - entry.begin);
   }
   return "";
 }
@@ -194,16 +200,18 @@ std::string check_layout(std::vector<TensorEntry>& entries, uint64_t size) {
   uint64_t covered = 0;
   const TensorEntry* previous = nullptr;
   for (const auto& entry : entries) {
-    const std::string range = "'" + entry.name + "' [" + std::to_string(entry.begin) + ", " + std::to_string(entry.end) + ")";
+    const auto range = [&] {
+      return "'" + entry.name + "' [" + std::to_string(entry.begin) + ", " + std::to_string(entry.end) + ")";
+    };
     if (entry.begin < covered) {
-      return "the data of " + range + " overlaps that of '" + previous->name + "', which ends at " + std::to_string(covered);
+      return "the data of " + range() + " overlaps that of '" + previous->name + "', which ends at " + std::to_string(covered);
     }
     if (entry.begin > covered) {
       return "bytes [" + std::to_string(covered) + ", " + std::to_string(entry.begin) +
-             ") of the data belong to no tensor (a gap before " + range + ")";
+             ") of the data belong to no tensor (a gap before " + range() + ")";
     }
     if (entry.end > size) {
-      return "the data of " + range + " reaches past the end of the file, whose data holds " + std::to_string(size) +
+      return "the data of " + range() + " reaches past the end of the file, whose data holds " + std::to_string(size) +
              " bytes (truncated?)";
     }
     covered = entry.end;
@@ -227,12 +235,11 @@ at::Tensor make_tensor(const TensorEntry& entry, const char* data, const std::sh
   return copy;
 }
 
-// The single-file reader: the header checked whole before any tensor is made.
-Safetensors load_file(const std::string& path) {
-  const auto mapping = map_file(path);
+// The header that follows the 8 bytes of its length, as JSON.
+json read_header(const Mapping& mapping, const std::string& path) {
   uint64_t header_size = 0;
-  std::memcpy(&header_size, mapping->data(), 8);
-  const uint64_t after_length = mapping->size() - 8;
+  std::memcpy(&header_size, mapping.data(), 8);
+  const uint64_t after_length = mapping.size() - 8;
   if (header_size > kMaxHeaderBytes) {
     bad_file(path, "its header length is " + std::to_string(header_size) + " bytes, over the limit of " +
                        std::to_string(kMaxHeaderBytes) + " that Python's safetensors also keeps");
@@ -241,38 +248,54 @@ Safetensors load_file(const std::string& path) {
     bad_file(path, "it is truncated: its header length is " + std::to_string(header_size) + " bytes and only " +
                        std::to_string(after_length) + " follow");
   }
-  const char* header = mapping->data() + 8;
-  json parsed;
   try {
-    parsed = json::parse(header, header + header_size);
+    return json::parse(mapping.data() + 8, mapping.data() + 8 + header_size);
   } catch (const json::exception& e) {
     bad_file(path, std::string("its header is not JSON (") + e.what() + ")");
   }
-  if (!parsed.is_object()) bad_file(path, "its header is JSON but not an object of tensors");
+}
+
+std::map<std::string, std::string> read_metadata(const json& metadata, const std::string& path) {
+  if (!metadata.is_object()) bad_file(path, "its __metadata__ is not an object of strings");
+  std::map<std::string, std::string> out;
+  for (const auto& [key, value] : metadata.items()) {
+    if (!value.is_string()) bad_file(path, "its __metadata__ '" + key + "' is not a string");
+    out[key] = value.get<std::string>();
+  }
+  return out;
+}
+
+// A BOOL tensor's bytes must be 0 or 1: any other is undefined behaviour in LibTorch.
+void check_bools(const std::vector<TensorEntry>& entries, const char* data, const std::string& path) {
+  for (const auto& entry : entries) {
+    if (entry.dtype->type != at::kBool) continue;
+    const auto* begin = reinterpret_cast<const unsigned char*>(data + entry.begin);
+    const auto* end = begin + (entry.end - entry.begin);
+    const auto* bad = std::find_if(begin, end, [](unsigned char b) { return b > 1; });
+    if (bad != end) bad_file(path, "BOOL tensor '" + entry.name + "' holds the byte " + std::to_string(*bad) + ", not 0 or 1");
+  }
+}
+
+// The single-file reader: the header checked whole before any tensor is made.
+Safetensors load_file(const std::string& path) {
+  const auto mapping = map_file(path);
+  const json header = read_header(*mapping, path);
+  if (!header.is_object()) bad_file(path, "its header is JSON but not an object of tensors");
   Safetensors out;
   std::vector<TensorEntry> entries;
-  for (const auto& [name, info] : parsed.items()) {
+  for (const auto& [name, info] : header.items()) {
     if (name == "__metadata__") {
-      if (!info.is_object()) bad_file(path, "its __metadata__ is not an object of strings");
-      for (const auto& [key, value] : info.items()) {
-        if (!value.is_string()) bad_file(path, "its __metadata__ '" + key + "' is not a string");
-        out.metadata[key] = value.get<std::string>();
-      }
+      out.metadata = read_metadata(info, path);
       continue;
     }
     entries.emplace_back();
     if (auto problem = read_tensor_entry(name, info, entries.back()); !problem.empty()) bad_file(path, problem);
   }
-  const char* data = header + header_size;
-  if (auto problem = check_layout(entries, after_length - header_size); !problem.empty()) bad_file(path, problem);
-  for (const auto& entry : entries) {
-    if (entry.dtype->type != at::kBool) continue;
-    const auto* bytes = reinterpret_cast<const unsigned char*>(data + entry.begin);
-    const auto* bad = std::find_if(bytes, bytes + (entry.end - entry.begin), [](unsigned char b) { return b > 1; });
-    if (bad != bytes + (entry.end - entry.begin)) {
-      bad_file(path, "BOOL tensor '" + entry.name + "' holds the byte " + std::to_string(*bad) + ", not 0 or 1");
-    }
-  }
+  uint64_t header_size = 0;
+  std::memcpy(&header_size, mapping->data(), 8);
+  const char* data = mapping->data() + 8 + header_size;
+  if (auto problem = check_layout(entries, mapping->size() - 8 - header_size); !problem.empty()) bad_file(path, problem);
+  check_bools(entries, data, path);
   std::sort(entries.begin(), entries.end(), [](const TensorEntry& a, const TensorEntry& b) { return a.name < b.name; });
   for (const auto& entry : entries) out.tensors.insert(entry.name, make_tensor(entry, data, mapping));
   return out;

@@ -218,7 +218,7 @@ std::vector<BadFile> bad_files() {
       {"offsets backwards", file_of("{" + entry("a", "U8", "[0]", "[8,0]") + "}", eight), "end before they begin"},
       {"size differs from the range", file_of("{" + entry("a", "F32", "[3]", "[0,8]") + "}", eight),
        "'a' is F32 [3], 3 elements of 4 bytes, but its data_offsets [0,8] hold 8"},
-      {"empty tensor with bytes", file_of("{" + entry("a", "F32", "[0,2]", "[0,8]") + "}", eight), "'a' is empty"},
+      {"empty tensor with bytes", file_of("{" + entry("a", "F32", "[0,2]", "[0,8]") + "}", eight), "'a' is F32 [0, 2], 0 elements of 4 bytes, but its data_offsets [0,8] hold 8"},
       {"overlapping ranges",
        file_of("{" + entry("a", "F32", "[2]", "[0,8]") + "," + entry("b", "F32", "[2]", "[4,12]") + "}", eight + "1234"),
        "the data of 'b' [4, 12) overlaps that of 'a', which ends at 8"},
