@@ -20,6 +20,7 @@
 #include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/checkpoint/key_map.h>
 #include <lockstep/checkpoint/optimizer_state.h>
+#include <lockstep/checkpoint/safetensors.h>
 #include <lockstep/checkpoint/sharded_checkpoint.h>
 #include <lockstep/checkpoint/state_dict.h>
 #include <lockstep/cli/guarded_main.h>

@@ -45,6 +45,10 @@ class CheckpointIO {
   /// a name or symlink planted in a shared directory), which is fsync'ed, renamed over `path`, and
   /// the directory fsync'ed; on any failure the previous file at `path` is left as it was, the
   /// temporary file is removed, and an IoError names the path, the step that failed and the OS's reason.
+  /// A path ending in ".safetensors" (or ".safetensors.index.json", Hugging Face's sharded form)
+  /// is written as safetensors (checkpoint/safetensors.h) with the metadata {"format": "pt"} that
+  /// transformers' `save_pretrained` writes: `checkpoint` must then hold only tensors by name (a
+  /// state_dict); any other entry is a UsageError naming it.
   virtual void save(const c10::IValue& checkpoint, const std::string& path) const;
 
   /// Reads a checkpoint written by save(), or any dict that Python's torch.save wrote (torch 1.13
@@ -55,7 +59,9 @@ class CheckpointIO {
   /// silently wrong weights. Throws UsageError naming `path`, what is wrong with it and what to
   /// do, for a missing or unreadable file, a truncated or corrupt one, one that is not a dict,
   /// and a pickled Python object (torch.save(model) of a whole nn.Module, an nn.Parameter, any
-  /// other class: save model.state_dict() instead).
+  /// other class: save model.state_dict() instead). A path ending in ".safetensors" or
+  /// ".safetensors.index.json" is read as safetensors (load_safetensors in
+  /// checkpoint/safetensors.h): the dict of its tensors by name, sorted by name.
   virtual Checkpoint load(const std::string& path) const;
 
   /// Deletes the checkpoint at `path` (a file, or a sharded checkpoint's directory with all it

@@ -257,18 +257,25 @@ class Fabric {
   /// modules as their state_dict, optimizers in Python's layout, values as they are. Rank 0
   /// writes, through checkpoint_io(); every rank waits for it. `filter` keeps, for a module's
   /// key, only the state_dict entries it returns true for (e.g. the trainable parameters of a
-  /// fine-tuned model).
+  /// fine-tuned model). A path ending in ".safetensors" (or ".safetensors.index.json") writes
+  /// the module's state_dict as safetensors, for Hugging Face tools and Python's
+  /// `safetensors.torch.load_file`: `state` must then hold one module and nothing else (an
+  /// optimizer or a value is refused by name: save the whole state to a .ckpt file to resume).
+  ///   fabric.save("model.safetensors", {{"model", model}});
   void save(const std::string& path, const FabricState& state, const SaveFilter& filter = {});
   /// Restores every entry of `state` from the checkpoint at `path` (modules and optimizers in
   /// place, values replaced), on every rank. Returns the checkpoint's other entries. A missing
   /// file, or (with `strict`) a key of `state` the checkpoint lacks or a module whose parameter
-  /// names differ, is a UsageError naming it; without `strict` those are skipped.
+  /// names differ, is a UsageError naming it; without `strict` those are skipped. A path ending
+  /// in ".safetensors" (or ".safetensors.index.json") loads into the one module `state` holds, as
+  /// save() wrote it (an optimizer or a value in `state` is refused by name), and returns {}.
   c10::impl::GenericDict load(const std::string& path, FabricState& state, bool strict = true);
   /// The whole checkpoint at `path`, restoring nothing.
   c10::impl::GenericDict load(const std::string& path);
   /// Loads a file that holds only `target`'s own state (a module's state_dict or an optimizer's)
   /// into `target`, a module or an optimizer: what Python's torch.save(model.state_dict(), path)
-  /// writes, from torch 1.13 or 2.x, as well as what Lockstep saves. `keys` renames a module's
+  /// writes, from torch 1.13 or 2.x, a safetensors file (".safetensors", or a sharded model's
+  /// ".safetensors.index.json"), as well as what Lockstep saves. `keys` renames a module's
   /// names first (KeyMap().rename_prefix("model.", "") for weights saved from a LightningModule's
   /// `self.model`); names or shapes that still differ are one UsageError listing them all, and
   /// without `strict` missing and unexpected names are skipped.

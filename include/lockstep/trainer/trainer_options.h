@@ -41,7 +41,8 @@ struct TrainerOptions : PlanOptionsOf<TrainerOptions> {
   TORCH_ARG(std::string, ckpt_path) = "";
   /// Weights to start from, loaded into the module before fit (validate, test, predict) sets it
   /// up, as `model.load_state_dict(torch.load(path))` before Lightning's fit: a file of Python's
-  /// torch.save(model.state_dict(), path), or a checkpoint whose "state_dict" is taken. Only the
+  /// torch.save(model.state_dict(), path), a checkpoint whose "state_dict" is taken, or a
+  /// ".safetensors" file (or a sharded model's ".safetensors.index.json"). Only the
   /// weights, unlike ckpt_path, which resumes a whole run (and restores over these). Default: "".
   TORCH_ARG(std::string, init_weights) = "";
   /// KeyMap rules for init_weights' names, "FROM=TO" separated by commas: "model.=" strips the

@@ -1,8 +1,5 @@
 #include <lockstep/checkpoint/checkpoint_io.h>
-
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
+#include <lockstep/checkpoint/safetensors.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -16,6 +13,7 @@
 
 #include <lockstep/core/error.h>
 
+#include "atomic_file.h"
 #include "torch_file.h"
 #include "zip_check.h"
 
@@ -27,75 +25,6 @@ namespace fs = std::filesystem;
 
 const char* const kResumeHint =
     "Pass a checkpoint written by Lockstep (--ckpt-path PATH, or --ckpt-path last for the newest one)";
-
-[[noreturn]] void fail_write(const std::string& path, const std::string& what, int error) {
-  throw IoError("saving checkpoint", path, error,
-                "It failed while " + what + "; the previous file at that path (if any) is unchanged. Check "
-                "that the directory is writable and that the disk has free space.");
-}
-
-// A new file `<target>.tmp.XXXXXX` beside the target, created exclusively (mkostemp: O_EXCL, so
-// a name planted in a shared directory, symlink or not, is never opened). Removed unless the
-// rename consumed it, so no failure leaves one behind; a file it did not create is never removed.
-class TemporaryFile {
- public:
-  explicit TemporaryFile(const std::string& target) : path_(target + ".tmp.XXXXXX") {
-    fd_ = ::mkostemp(path_.data(), O_CLOEXEC);
-    created_ = fd_ >= 0;
-  }
-  ~TemporaryFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (created_ && !committed_) ::unlink(path_.c_str());
-  }
-  TemporaryFile(const TemporaryFile&) = delete;
-  TemporaryFile& operator=(const TemporaryFile&) = delete;
-  const std::string& path() const { return path_; }
-  int& fd() { return fd_; }
-  void commit() { committed_ = true; }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-  bool created_ = false;
-  bool committed_ = false;
-};
-
-void write_all(int fd, const char* data, std::size_t size, const std::string& path, const std::string& temp) {
-  while (size > 0) {
-    const ssize_t n = ::write(fd, data, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail_write(path, "writing " + temp, errno);
-    data += n;
-    size -= static_cast<std::size_t>(n);
-  }
-}
-
-void sync_directory(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fsync(fd);  // Some filesystems refuse fsync on a directory; the rename has happened either way.
-  ::close(fd);
-}
-
-void write_atomically(const std::vector<char>& bytes, const std::string& path) {
-  const fs::path target(path);
-  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  std::error_code error;
-  fs::create_directories(dir, error);
-  if (error) fail_write(path, "creating directory '" + dir.string() + "'", error.value());
-  TemporaryFile temp(path);
-  if (temp.fd() < 0) fail_write(path, "creating " + temp.path(), errno);
-  // mkostemp makes it 0600; a checkpoint is as readable as the files torch.save writes.
-  if (::fchmod(temp.fd(), 0644) != 0) fail_write(path, "setting the permissions of " + temp.path(), errno);
-  write_all(temp.fd(), bytes.data(), bytes.size(), path, temp.path());
-  if (::fsync(temp.fd()) != 0) fail_write(path, "syncing " + temp.path(), errno);
-  const int fd = temp.fd();
-  temp.fd() = -1;
-  if (::close(fd) != 0) fail_write(path, "closing " + temp.path(), errno);
-  if (::rename(temp.path().c_str(), path.c_str()) != 0) fail_write(path, "renaming " + temp.path() + " over it", errno);
-  temp.commit();
-  sync_directory(dir);
-}
 
 // The value with every list and dict made generic (element types Any), so the pickle holds plain
 // lists and dicts instead of torch.jit._pickle.build_intlist(...) and restore_type_tag(...) calls.
@@ -187,11 +116,38 @@ void check_format(const std::string& path, const std::vector<char>& bytes) {
   if (!problem.empty()) damaged(path, problem);
 }
 
+// The tensors of `checkpoint` by name, for a safetensors file: anything else is refused by name.
+c10::Dict<std::string, torch::Tensor> tensors_only(const c10::IValue& checkpoint, const std::string& path) {
+  c10::Dict<std::string, torch::Tensor> tensors;
+  std::string others;
+  if (checkpoint.isGenericDict()) {
+    for (const auto& entry : checkpoint.toGenericDict()) {
+      if (entry.key().isString() && entry.value().isTensor()) {
+        tensors.insert(entry.key().toStringRef(), entry.value().toTensor());
+      } else if (others.size() < 200) {
+        others += (others.empty() ? "" : ", ") + (entry.key().isString() ? "'" + entry.key().toStringRef() + "'" : "a " +
+                  entry.key().type()->str() + " key") + " (" + entry.value().type()->str() + ")";
+      }
+    }
+  }
+  if (!checkpoint.isGenericDict() || !others.empty()) {
+    throw UsageError("CheckpointIO::save('" + path + "'): a .safetensors file holds tensors by name only (a "
+                     "state_dict), and this checkpoint " + (checkpoint.isGenericDict() ? "also holds " + others
+                     : "is a " + checkpoint.type()->str()) + ". Save the model's state_dict there, and the whole "
+                     "checkpoint to a .ckpt file.");
+  }
+  return tensors;
+}
+
 }  // namespace
 
 Checkpoint make_checkpoint() { return Checkpoint(c10::StringType::get(), c10::AnyType::get()); }
 
 void CheckpointIO::save(const c10::IValue& checkpoint, const std::string& path) const {
+  if (is_safetensors_path(path)) {
+    save_safetensors(tensors_only(checkpoint, path), path, {{"format", "pt"}});
+    return;
+  }
   if (!checkpoint.isGenericDict()) {
     throw UsageError("CheckpointIO::save('" + path + "'): a checkpoint must be a dict, got a " +
                      checkpoint.type()->str() + ". Build it with lockstep::checkpoint::make_checkpoint().");
@@ -202,10 +158,17 @@ void CheckpointIO::save(const c10::IValue& checkpoint, const std::string& path) 
                        entry.key().type()->str() + " key. Use string keys such as \"state_dict\".");
     }
   }
-  write_atomically(serialize(checkpoint), path);
+  const std::vector<char> bytes = serialize(checkpoint);
+  detail::write_atomically(path, "saving checkpoint",
+                           [&](const detail::WriteBytes& write) { write(bytes.data(), bytes.size()); });
 }
 
 Checkpoint CheckpointIO::load(const std::string& path) const {
+  if (is_safetensors_path(path)) {
+    Checkpoint tensors = make_checkpoint();
+    for (const auto& item : load_safetensors(path).tensors) tensors.insert(item.key(), item.value());
+    return tensors;
+  }
   const std::vector<char> bytes = read_file(path);
   check_format(path, bytes);
   const detail::TorchFile file = detail::read_torch_file(bytes);

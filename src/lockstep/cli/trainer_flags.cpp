@@ -222,7 +222,8 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
   add(g, "--default-root-dir", o.default_root_dir(), "where logs and checkpoints go");
   add(g, "--ckpt-path", o.ckpt_path(), "checkpoint to resume from, or 'last'");
   add(g, "--init-weights", o.init_weights(),
-      "weights to start from (Python's torch.save(model.state_dict(), path)); not a resume, see --ckpt-path");
+      "weights to start from (Python's torch.save(model.state_dict(), path), or a .safetensors file); "
+      "not a resume, see --ckpt-path");
   add(g, "--init-weights-rename", o.init_weights_rename(),
       "FROM=TO,...: rename prefixes of --init-weights' names ('model.=' strips model.)");
   add(g, "--init-weights-strict", o.init_weights_strict(),

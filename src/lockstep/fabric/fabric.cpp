@@ -10,6 +10,7 @@
 #include <lockstep/accelerators/device_parser.h>
 #include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/checkpoint/optimizer_state.h>
+#include <lockstep/checkpoint/safetensors.h>
 #include <lockstep/checkpoint/state_dict.h>
 #include <lockstep/core/blas.h>
 #include <lockstep/core/error.h>
@@ -270,7 +271,36 @@ std::shared_ptr<distributed::ProcessGroup> Fabric::new_group(const std::vector<i
 
 void Fabric::barrier(const std::string& name) { strategy().barrier(name); }
 
+namespace {
+
+// A .safetensors file holds one module's weights; Fabric refuses to drop (or leave unloaded) the
+// rest of a state. `call` is "Fabric::save" or "Fabric::load".
+void check_weights_only(const std::string& call, const std::string& path, const FabricState& state) {
+  const bool saving = call == "Fabric::save";
+  std::string modules, others;
+  int module_count = 0;
+  for (const auto& [key, entry] : state) {
+    module_count += entry.module() ? 1 : 0;
+    if (entry.module()) modules += (modules.empty() ? "'" : ", '") + key + "'";
+    if (!entry.module()) others += (others.empty() ? "'" : ", '") + key + (entry.optimizer() ? "' (an optimizer)" : "' (a value)");
+  }
+  LOCKSTEP_CHECK(others.empty(), UsageError, call, "(\"", path, "\"): a .safetensors file holds one module's ",
+                 "weights and nothing else, and the state also holds ", others, ". ",
+                 saving ? "Save the weights alone there (fabric.save(path, {{\"model\", model}})), and the whole state "
+                          "to a .ckpt file to resume from."
+                        : "Load the weights alone from it (fabric.load(path, {{\"model\", model}})), and the rest from "
+                          "the .ckpt file saved with them.");
+  LOCKSTEP_CHECK(module_count == 1, UsageError, call, "(\"", path,
+                 "\"): a .safetensors file holds one module's weights, and the state holds ",
+                 modules.empty() ? std::string("none") : modules, ". ",
+                 saving ? "Save each module to a file of its own." : "Load each module from a file of its own.");
+}
+
+}  // namespace
+
 void Fabric::save(const std::string& path, const FabricState& state, const SaveFilter& filter) {
+  const bool safetensors = checkpoint::is_safetensors_path(path);
+  if (safetensors) check_weights_only("Fabric::save", path, state);
   for (const auto& [key, keep] : filter) {
     auto it = state.find(key);
     LOCKSTEP_CHECK(it != state.end() && it->second.module(), UsageError, "Fabric::save: the filter for '", key,
@@ -294,7 +324,8 @@ void Fabric::save(const std::string& path, const FabricState& state, const SaveF
         ckpt.insert(key, entry.value());
       }
     }
-    if (strategy().is_global_zero()) checkpoint_io_->save(ckpt, path);
+    // A .safetensors file holds the one module's state_dict itself.
+    if (strategy().is_global_zero()) checkpoint_io_->save(safetensors ? (*ckpt.begin()).value() : c10::IValue(ckpt), path);
   }
   strategy().barrier("fabric_save");
 }
@@ -319,6 +350,11 @@ void restore(strategies::Strategy& strategy, const std::string& path, const std:
 }  // namespace
 
 c10::impl::GenericDict Fabric::load(const std::string& path, FabricState& state, bool strict) {
+  if (checkpoint::is_safetensors_path(path)) {  // what save() wrote there: the one module's state_dict
+    check_weights_only("Fabric::load", path, state);
+    load_raw(path, state.begin()->second, strict);
+    return checkpoint::make_checkpoint();
+  }
   auto ckpt = load(path).copy();  // the entries restored are removed below; the CheckpointIO may keep its dict
   if (strict) {
     std::vector<std::string> keys;

@@ -1,0 +1,18 @@
+#pragma once
+// Hugging Face's sharded safetensors: the index `<name>.safetensors.index.json` and its shards.
+
+#include <string>
+
+#include <lockstep/checkpoint/safetensors.h>
+
+namespace lockstep {
+namespace checkpoint {
+namespace detail {
+
+/// The tensors of every shard that the index at `index_path` names, checked against its
+/// weight_map; the index's "metadata".
+Safetensors load_sharded_safetensors(const std::string& index_path);
+
+}  // namespace detail
+}  // namespace checkpoint
+}  // namespace lockstep
