@@ -223,8 +223,13 @@ TEST(TorchFile, AStorageOrViewBeyondItsStoredBytesIsDamaged) {
   const std::string storage = load_error(python_files() / "lying_storage.pt");
   EXPECT_NE(storage.find("is damaged: a tensor storage claims 1020 bytes and its record holds 128"), std::string::npos)
       << storage;
+  // LibTorch 2.x checks a view against its storage itself, while it unpickles; 1.13 leaves it to us.
+  // Either way the file is refused as damaged, naming the view that reaches past its storage.
   const std::string view = load_error(python_files() / "lying_view.pt");
-  EXPECT_NE(view.find("is damaged: a tensor's sizes and strides reach past its storage"), std::string::npos) << view;
+  const bool ours = view.find("is damaged: a tensor's sizes and strides reach past its storage") != std::string::npos;
+  const bool libtorchs = view.find("is damaged: LibTorch cannot read it") != std::string::npos &&
+                         view.find("but storage only has 128 bytes") != std::string::npos;
+  EXPECT_TRUE(ours || libtorchs) << view;
 }
 
 }  // namespace torch_file_test
