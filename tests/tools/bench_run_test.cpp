@@ -96,6 +96,17 @@ TEST(BenchRun, QuickRunWritesEverySection) {
   const int ranks[] = {1, 2, 4};
   for (size_t i = 0; i < 3; ++i) expect_ddp_entry(j["scaling"][i], ranks[i]);
 
+  // Section 8 where .venv-libtorch2 is installed: both sides trained the same epoch.
+  const auto& lightning = j["trainer_vs_lightning"];
+  if (!lightning.contains("skipped")) {
+    EXPECT_FALSE(lightning.contains("error")) << lightning.dump();
+    for (const char* side : {"lockstep", "lightning"}) {
+      for (const char* key : {"fit_s", "steps_per_s", "val_acc"}) {
+        expect_positive(lightning[side][key], std::string("trainer_vs_lightning ") + side + "." + key);
+      }
+    }
+  }
+
   // Section 10, quick: the 24.2M MLP on 2 ranks, Lockstep's DDP and FULL_SHARD (and FSDP2 where
   // .venv-libtorch2 is installed).
   ASSERT_EQ(j["sharded_training"].size(), 1u);

@@ -103,8 +103,10 @@ TEST_P(FsdpTrainer, EachShardingEqualsDdpAfterFiftyAdamSteps) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Jobs, FsdpTrainer,
+                         // The CNN on 2 ranks only: 4 ranks of it took a minute of the suite on 2 cores,
+                         // and the MLP covers 4 ranks' layout.
                          ::testing::Values(std::make_tuple("mlp", 2), std::make_tuple("mlp", 4),
-                                           std::make_tuple("cnn", 2), std::make_tuple("cnn", 4)),
+                                           std::make_tuple("cnn", 2)),
                          [](const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
                            return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks";
                          });

@@ -82,6 +82,8 @@ class ModelCheckpoint : public Callback {
   TopKDecision share(TrainerView& trainer, TopKDecision decision);
   void save_last(TrainerView& trainer);
   void save(TrainerView& trainer, const std::string& path);
+  /// Removes a checkpoint and, with save_safetensors, the weights beside it (on rank 0).
+  void remove(TrainerView& trainer, const std::string& path);
   bool skip_saving(TrainerView& trainer) const;
   bool enters_top_k(double current) const;
   std::string unused_path(const std::map<std::string, double>& candidates, const std::string& replaced) const;

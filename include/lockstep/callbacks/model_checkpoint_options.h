@@ -33,6 +33,11 @@ struct ModelCheckpointOptions {
   TORCH_ARG(std::optional<int64_t>, every_n_epochs) = std::nullopt;
   /// Save after every n-th optimizer step; 0 never. Default: 0.
   TORCH_ARG(int64_t, every_n_train_steps) = 0;
+  /// Also write the module's weights beside each checkpoint as safetensors, removed with it:
+  /// `<name>.safetensors`, or with several ranks `<name>.safetensors.index.json` and one shard
+  /// per rank that each rank writes (under FSDP no rank gathers the whole model), as
+  /// transformers' `save_safetensors`. Default: false.
+  TORCH_ARG(bool, save_safetensors) = false;
   /// Print on rank 0 whether each candidate entered the top k. Default: false.
   TORCH_ARG(bool, verbose) = false;
 };

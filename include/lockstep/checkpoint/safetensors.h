@@ -5,9 +5,11 @@
 /// them by the path's ending, so `fabric.load_raw`, `fabric.save` and the Trainer's
 /// `--init-weights` take them too.
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/Tensor.h>
@@ -29,6 +31,8 @@ constexpr int64_t kDefaultMaxShardBytes = 5'000'000'000;
 /// Whether `path` names safetensors by its ending: ".safetensors" (one file) or
 /// ".safetensors.index.json" (a sharded one's index).
 bool is_safetensors_path(const std::string& path);
+/// Whether `path` ends in ".safetensors.index.json": a sharded one's index.
+bool is_safetensors_index_path(const std::string& path);
 
 /// Reads one `.safetensors` file, or, for a path ending in ".safetensors.index.json", the index
 /// and every shard it names (in the index's folder). Tensors are on the CPU and alias the file's
@@ -65,6 +69,17 @@ void save_safetensors(const c10::Dict<std::string, at::Tensor>& tensors, const s
 void save_sharded_safetensors(const c10::Dict<std::string, at::Tensor>& tensors, const std::string& index_path,
                               int64_t max_shard_bytes = kDefaultMaxShardBytes,
                               const std::map<std::string, std::string>& metadata = {});
+
+/// The path of shard `number` (from 1) of `count` beside the index `index_path`, as transformers
+/// names them: ("out/model.safetensors.index.json", 2, 4) gives "out/model-00002-of-00004.safetensors".
+/// A path not ending in ".safetensors.index.json" is a UsageError.
+std::string safetensors_shard_path(const std::string& index_path, std::size_t number, std::size_t count);
+
+/// Writes the index at `index_path` for shards already written beside it (`shard_paths`, in
+/// order): each shard's header gives its tensors' names and sizes. For sharded saves where each
+/// process writes its own shard. Atomic; a shard that is missing or damaged, or a name in two
+/// shards, is a UsageError naming it.
+void write_safetensors_index(const std::string& index_path, const std::vector<std::string>& shard_paths);
 
 }  // namespace checkpoint
 }  // namespace lockstep

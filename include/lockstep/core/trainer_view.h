@@ -64,9 +64,12 @@ class TrainerView {
   // Actions.
   /// Ends fit after the current epoch.
   virtual void request_stop() = 0;
-  /// Writes a checkpoint of the whole training state (rank 0 writes; every rank must call).
+  /// Writes a checkpoint of the whole training state (rank 0 writes; every rank must call). A
+  /// path ending in ".safetensors" or ".safetensors.index.json" gets the module's weights alone
+  /// (Strategy::save_safetensors: the index form writes one shard per rank).
   virtual void save_checkpoint(const std::string& path) = 0;
-  /// Removes a checkpoint through the Trainer's CheckpointIO (call on rank 0).
+  /// Removes a checkpoint through the Trainer's CheckpointIO (call on rank 0); for a safetensors
+  /// index, its shards too.
   virtual void remove_checkpoint(const std::string& path) = 0;
 
   // Across ranks (each rank must call).

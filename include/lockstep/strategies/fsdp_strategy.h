@@ -84,7 +84,16 @@ class FSDPStrategy : public ParallelStrategy {
   /// The wrapper of the module set up last (null before setup_module).
   const std::shared_ptr<distributed::FullyShardedDataParallelBase>& fsdp() const { return fsdp_; }
 
+ protected:
+  /// Each unit gathered in turn, this rank keeping what `wanted` accepts (a collective).
+  c10::Dict<std::string, torch::Tensor> whole_tensors(const torch::nn::Module& module,
+                                                      const std::function<bool(const std::string&)>& wanted) override;
+  /// The parameters' whole sizes, though each rank holds a piece.
+  std::vector<std::pair<std::string, int64_t>> whole_sizes(const torch::nn::Module& module) override;
+
  private:
+  /// The wrapper of `module`, or null when none wraps it.
+  distributed::FullyShardedDataParallelBase* wrapper_of(const torch::nn::Module& module) const;
   /// The wrapper whose module holds `parameter`, or UsageError naming what was asked.
   distributed::FullyShardedDataParallelBase& wrapper_of(const torch::Tensor& parameter, const std::string& what) const;
 

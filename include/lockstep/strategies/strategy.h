@@ -2,6 +2,7 @@
 /// Strategy: how training is spread over processes and devices (Lightning Fabric's seam).
 /// Only the name is pure virtual; the defaults are those of one process on one device.
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,6 +29,9 @@ class ClusterEnvironment;
 }
 
 namespace strategies {
+
+/// Which tensors to keep, by name and value (a tensor it refuses is left out).
+using TensorFilter = std::function<bool(const std::string& name, const torch::Tensor& tensor)>;
 
 /// What the connector resolved before the strategy starts.
 struct StrategyContext {
@@ -109,6 +113,15 @@ class Strategy {
   /// Whether module_state_dict and optimizer_state_dict give this rank's pieces, which only
   /// save_checkpoint can write (FSDP with state_dict_type sharded); false: whole tensors.
   virtual bool saves_pieces() const { return false; }
+  /// Writes the module's weights (parameters and buffers, whole) as safetensors at `path`, on
+  /// every rank (a collective), keeping the tensors `keep` accepts (all when empty):
+  /// - a `.safetensors` path: one file, written by rank 0;
+  /// - a `.safetensors.index.json` path with several ranks: Hugging Face's sharded form, one
+  ///   shard per rank, each rank writing the tensors it owns (runs of names in sorted order, about
+  ///   equal bytes) and rank 0 the index; a sharded strategy gathers each tensor to its owner
+  ///   only, so no rank holds the whole model. With one rank: shards of at most 5 GB.
+  ///   strategy.save_safetensors(*net, "out/model.safetensors.index.json");
+  void save_safetensors(const torch::nn::Module& module, const std::string& path, const TensorFilter& keep = {});
   /// Writes the Trainer's checkpoint `state`, made with the hooks above (`optimizers`: those of
   /// its "optimizer_states", in order), to `path`. Called where `state` was made: on every rank
   /// where shards_state(), else on rank 0; the caller's barrier follows. Here rank 0 writes one
@@ -143,6 +156,13 @@ class Strategy {
   virtual std::optional<std::pair<int, int>> distributed_sampler_kwargs() const { return std::nullopt; }
 
  protected:
+  /// For save_safetensors, on every rank: the module's tensors whose names `wanted` accepts,
+  /// whole (a sharded strategy gathers them: a collective); and every tensor's whole size in
+  /// bytes, in the order of the module's state_dict.
+  virtual c10::Dict<std::string, torch::Tensor> whole_tensors(const torch::nn::Module& module,
+                                                              const std::function<bool(const std::string&)>& wanted);
+  virtual std::vector<std::pair<std::string, int64_t>> whole_sizes(const torch::nn::Module& module);
+
   StrategyContext context_;
 };
 

@@ -73,6 +73,14 @@ std::optional<double> read_score(const c10::impl::GenericDict& dict, const std::
   return dict.contains(key) ? read_score(dict.at(key)) : std::nullopt;
 }
 
+// The weights written beside the checkpoint at `path` with save_safetensors.
+std::string weights_path(const std::string& path, int world_size) {
+  const std::string ending = ".ckpt";
+  const bool ckpt = path.size() > ending.size() && path.compare(path.size() - ending.size(), ending.size(), ending) == 0;
+  return (ckpt ? path.substr(0, path.size() - ending.size()) : path) +
+         (world_size > 1 ? ".safetensors.index.json" : ".safetensors");
+}
+
 }  // namespace
 
 /// What rank 0 decided at one top-k save point; every rank carries it out.
@@ -212,7 +220,13 @@ std::map<std::string, double> ModelCheckpoint::monitor_candidates(TrainerView& t
 
 void ModelCheckpoint::save(TrainerView& trainer, const std::string& path) {
   trainer.save_checkpoint(path);
+  if (options_.save_safetensors()) trainer.save_checkpoint(weights_path(path, trainer.world_size()));
   last_global_step_saved_ = trainer.global_step();
+}
+
+void ModelCheckpoint::remove(TrainerView& trainer, const std::string& path) {
+  trainer.remove_checkpoint(path);
+  if (options_.save_safetensors()) trainer.remove_checkpoint(weights_path(path, trainer.world_size()));
 }
 
 void ModelCheckpoint::save_topk(TrainerView& trainer, bool epoch_end) {
@@ -237,7 +251,7 @@ void ModelCheckpoint::save_topk(TrainerView& trainer, bool epoch_end) {
     throw Error(decision.error_kind, decision.error, decision.exit_code);
   }
   if (!decision.save.empty()) save(trainer, decision.save);
-  if (!decision.remove.empty() && trainer.is_global_zero()) trainer.remove_checkpoint(decision.remove);
+  if (!decision.remove.empty() && trainer.is_global_zero()) remove(trainer, decision.remove);
 }
 
 // Rank 0's decision and resulting state on every rank (rank 0 alone ran decide_topk).
@@ -388,7 +402,7 @@ void ModelCheckpoint::save_last(TrainerView& trainer) {
   for (const auto& entry : best_k_models_) {
     if (entry.first == previous) return;
   }
-  trainer.remove_checkpoint(previous);
+  remove(trainer, previous);
 }
 
 c10::IValue ModelCheckpoint::state_dict() const {

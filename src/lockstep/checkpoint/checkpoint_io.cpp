@@ -14,6 +14,7 @@
 #include <lockstep/core/error.h>
 
 #include "atomic_file.h"
+#include "safetensors_index.h"
 #include "torch_file.h"
 #include "zip_check.h"
 
@@ -185,7 +186,10 @@ Checkpoint CheckpointIO::load(const std::string& path) const {
 void CheckpointIO::remove(const std::string& path) const {
   std::error_code error;
   std::error_code ignored;
-  if (fs::is_directory(path, ignored)) {
+  if (is_safetensors_index_path(path) && fs::exists(path, ignored)) {
+    for (const auto& shard : detail::shards_of_index(path)) fs::remove(shard, error);
+    if (!error) fs::remove(path, error);
+  } else if (fs::is_directory(path, ignored)) {
     fs::remove_all(path, error);
   } else {
     fs::remove(path, error);

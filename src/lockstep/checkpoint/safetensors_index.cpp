@@ -63,16 +63,12 @@ std::string shard_name(const std::string& stem, std::size_t number, std::size_t 
   return stem + digits + ".safetensors";
 }
 
-}  // namespace
-
-namespace detail {
-
-Safetensors load_sharded_safetensors(const std::string& index_path) {
-  const json index = read_index(index_path);
+// Shard -> the names the index puts in it.
+std::map<std::string, std::set<std::string>> shard_names(const json& index, const std::string& index_path) {
   if (!index.is_object()) bad_index(index_path, "it is not a JSON object");
   const auto weight_map = index.find("weight_map");
   if (weight_map == index.end() || !weight_map->is_object()) bad_index(index_path, "it has no \"weight_map\" object");
-  std::map<std::string, std::set<std::string>> names_of;  // shard -> the names the index puts in it
+  std::map<std::string, std::set<std::string>> names_of;
   for (const auto& [name, shard] : weight_map->items()) {
     if (!shard.is_string() || !plain_file_name(shard.get<std::string>())) {
       bad_index(index_path, "its weight_map puts '" + name + "' in " + shard.dump() +
@@ -80,6 +76,24 @@ Safetensors load_sharded_safetensors(const std::string& index_path) {
     }
     names_of[shard.get<std::string>()].insert(name);
   }
+  return names_of;
+}
+
+}  // namespace
+
+namespace detail {
+
+std::vector<std::string> shards_of_index(const std::string& index_path) {
+  std::vector<std::string> paths;
+  for (const auto& item : shard_names(read_index(index_path), index_path)) {
+    paths.push_back((fs::path(index_path).parent_path() / item.first).string());
+  }
+  return paths;
+}
+
+Safetensors load_sharded_safetensors(const std::string& index_path) {
+  const json index = read_index(index_path);
+  const auto names_of = shard_names(index, index_path);
   Safetensors out;
   if (const auto metadata = index.find("metadata"); metadata != index.end()) {
     if (!metadata->is_object()) bad_index(index_path, "its \"metadata\" is not an object");
@@ -116,14 +130,45 @@ Safetensors load_sharded_safetensors(const std::string& index_path) {
 
 }  // namespace detail
 
-void save_sharded_safetensors(const c10::Dict<std::string, at::Tensor>& tensors, const std::string& index_path,
-                              int64_t max_shard_bytes, const std::map<std::string, std::string>& metadata) {
-  const bool named = index_path.size() > kIndexEnding.size() &&
-                     index_path.compare(index_path.size() - kIndexEnding.size(), kIndexEnding.size(), kIndexEnding) == 0;
-  if (!named) {
+bool is_safetensors_index_path(const std::string& path) {
+  return path.size() > kIndexEnding.size() &&
+         path.compare(path.size() - kIndexEnding.size(), kIndexEnding.size(), kIndexEnding) == 0;
+}
+
+std::string safetensors_shard_path(const std::string& index_path, std::size_t number, std::size_t count) {
+  if (!is_safetensors_index_path(index_path)) {
     throw UsageError("saving sharded safetensors: the index '" + index_path + "' must end in " + kIndexEnding +
                      " (model.safetensors.index.json), as transformers names it; its shards take its name's stem.");
   }
+  const fs::path index(index_path);
+  const std::string file = index.filename().string();
+  return (index.parent_path() / shard_name(file.substr(0, file.size() - kIndexEnding.size()), number, count)).string();
+}
+
+void write_safetensors_index(const std::string& index_path, const std::vector<std::string>& shard_paths) {
+  std::map<std::string, std::string> weight_map;  // sorted by name, as transformers' sort_keys
+  uint64_t total = 0;
+  for (const auto& shard : shard_paths) {
+    const std::string name = fs::path(shard).filename().string();
+    for (const auto& item : load_safetensors(shard).tensors) {  // mapped, not read: the header and sizes
+      const auto [it, added] = weight_map.emplace(item.key(), name);
+      if (!added) {
+        throw UsageError("safetensors index '" + index_path + "': '" + item.key() + "' is in shard '" + it->second +
+                         "' and in '" + name + "'. Save each tensor in one shard.");
+      }
+      total += static_cast<uint64_t>(item.value().numel()) * item.value().element_size();
+    }
+  }
+  // As transformers writes it: json.dumps(index, indent=2, sort_keys=True) and a newline.
+  const nlohmann::ordered_json document = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  const std::string text = document.dump(2) + "\n";
+  detail::write_atomically(index_path, "saving safetensors index",
+                           [&](const detail::WriteBytes& write) { write(text.data(), text.size()); });
+}
+
+void save_sharded_safetensors(const c10::Dict<std::string, at::Tensor>& tensors, const std::string& index_path,
+                              int64_t max_shard_bytes, const std::map<std::string, std::string>& metadata) {
+  safetensors_shard_path(index_path, 1, 1);  // refuses a path that is no index
   if (max_shard_bytes < 1) {
     throw UsageError("saving sharded safetensors '" + index_path + "': max_shard_bytes is " +
                      std::to_string(max_shard_bytes) + "; give a positive size, e.g. 5000000000 (5 GB, transformers' default).");
@@ -132,7 +177,6 @@ void save_sharded_safetensors(const c10::Dict<std::string, at::Tensor>& tensors,
   for (const auto& item : tensors) sorted.emplace(item.key(), item.value());
   std::vector<c10::Dict<std::string, at::Tensor>> shards;
   int64_t filled = 0;
-  uint64_t total = 0;
   for (const auto& [name, tensor] : sorted) {
     const int64_t bytes = tensor.defined() ? tensor.numel() * static_cast<int64_t>(tensor.element_size()) : 0;
     if (shards.empty() || (filled > 0 && filled + bytes > max_shard_bytes)) {
@@ -141,22 +185,13 @@ void save_sharded_safetensors(const c10::Dict<std::string, at::Tensor>& tensors,
     }
     shards.back().insert(name, tensor);
     filled += bytes;
-    total += static_cast<uint64_t>(bytes);
   }
-  const fs::path index(index_path);
-  const std::string file = index.filename().string();
-  const std::string stem = file.substr(0, file.size() - kIndexEnding.size());
-  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  std::vector<std::string> paths;
   for (std::size_t i = 0; i < shards.size(); ++i) {
-    const std::string name = shard_name(stem, i + 1, shards.size());
-    save_safetensors(shards[i], (index.parent_path() / name).string(), metadata);
-    for (const auto& item : shards[i]) weight_map[item.key()] = name;
+    paths.push_back(safetensors_shard_path(index_path, i + 1, shards.size()));
+    save_safetensors(shards[i], paths.back(), metadata);
   }
-  // As transformers writes it: json.dumps(index, indent=2, sort_keys=True) and a newline.
-  const nlohmann::ordered_json document = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-  const std::string text = document.dump(2) + "\n";
-  detail::write_atomically(index_path, "saving safetensors index",
-                           [&](const detail::WriteBytes& write) { write(text.data(), text.size()); });
+  write_safetensors_index(index_path, paths);
 }
 
 }  // namespace checkpoint

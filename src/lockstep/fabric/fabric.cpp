@@ -306,6 +306,12 @@ void Fabric::save(const std::string& path, const FabricState& state, const SaveF
     LOCKSTEP_CHECK(it != state.end() && it->second.module(), UsageError, "Fabric::save: the filter for '", key,
                    "' needs a module under that key in the state; filters apply to modules' state_dicts.");
   }
+  if (safetensors) {  // the one module's weights; an index path: one shard per rank
+    const auto& [key, entry] = *state.begin();
+    const auto keep = filter.find(key);
+    strategy().save_safetensors(*entry.module(), path, keep == filter.end() ? strategies::TensorFilter() : keep->second);
+    return;
+  }
   // A sharded strategy gathers the state from every rank; rank 0 writes it.
   if (strategy().shards_state() || strategy().is_global_zero()) {
     auto ckpt = checkpoint::make_checkpoint();
@@ -324,8 +330,7 @@ void Fabric::save(const std::string& path, const FabricState& state, const SaveF
         ckpt.insert(key, entry.value());
       }
     }
-    // A .safetensors file holds the one module's state_dict itself.
-    if (strategy().is_global_zero()) checkpoint_io_->save(safetensors ? (*ckpt.begin()).value() : c10::IValue(ckpt), path);
+    if (strategy().is_global_zero()) checkpoint_io_->save(ckpt, path);
   }
   strategy().barrier("fabric_save");
 }

@@ -167,6 +167,41 @@ c10::Dict<std::string, torch::Tensor> FSDPStrategy::module_state_dict(const torc
   return Strategy::module_state_dict(module);
 }
 
+distributed::FullyShardedDataParallelBase* FSDPStrategy::wrapper_of(const torch::nn::Module& module) const {
+  for (const auto& fsdp : all_) {
+    if (fsdp->base_module().get() == &module) return fsdp.get();
+  }
+  return nullptr;
+}
+
+c10::Dict<std::string, torch::Tensor> FSDPStrategy::whole_tensors(const torch::nn::Module& module,
+                                                                  const std::function<bool(const std::string&)>& wanted) {
+  auto* fsdp = wrapper_of(module);
+  if (fsdp == nullptr) return Strategy::whole_tensors(module, wanted);
+  std::unordered_map<std::string, torch::Tensor> whole;
+  for (auto& item : fsdp->full_state_dict(wanted)) whole.emplace(item.first, item.second);
+  c10::Dict<std::string, torch::Tensor> state;
+  for (const auto& item : checkpoint::state_dict(module)) {  // Python's order of names
+    if (whole.count(item.key())) state.insert(item.key(), whole.at(item.key()));
+  }
+  return state;
+}
+
+std::vector<std::pair<std::string, int64_t>> FSDPStrategy::whole_sizes(const torch::nn::Module& module) {
+  auto* fsdp = wrapper_of(module);
+  if (fsdp == nullptr) return Strategy::whole_sizes(module);
+  std::unordered_map<std::string, torch::Tensor> parameters;
+  for (const auto& item : module.named_parameters()) parameters.emplace(item.key(), item.value());
+  std::vector<std::pair<std::string, int64_t>> sizes;
+  for (const auto& item : checkpoint::state_dict(module)) {
+    const auto p = parameters.find(item.key());
+    const int64_t numel =
+        p == parameters.end() ? item.value().numel() : c10::multiply_integers(fsdp->piece_info(p->second).shape);
+    sizes.emplace_back(item.key(), numel * static_cast<int64_t>(item.value().element_size()));
+  }
+  return sizes;
+}
+
 void FSDPStrategy::load_module_state_dict(torch::nn::Module& module, const c10::impl::GenericDict& state,
                                           bool strict) {
   for (const auto& fsdp : all_) {

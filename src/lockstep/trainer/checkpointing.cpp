@@ -13,6 +13,7 @@
 #include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/checkpoint/key_map.h>
 #include <lockstep/checkpoint/optimizer_state.h>
+#include <lockstep/checkpoint/safetensors.h>
 #include <lockstep/checkpoint/sharded_checkpoint.h>
 #include <lockstep/checkpoint/state_dict.h>
 #include <lockstep/core/error.h>
@@ -115,6 +116,10 @@ c10::impl::GenericDict Trainer::checkpoint_state() const {
 
 void Trainer::save_checkpoint(const std::string& path) {
   auto timed = profile("save_checkpoint");
+  if (checkpoint::is_safetensors_path(path)) {  // the weights alone (Lightning's weights_only)
+    plan_.strategy->save_safetensors(*module_, path);
+    return;
+  }
   // A sharded strategy collects the state on every rank: rank 0 writes it whole, or every rank
   // its pieces (a sharded checkpoint directory).
   if (plan_.strategy->shards_state() || plan_.strategy->is_global_zero()) {

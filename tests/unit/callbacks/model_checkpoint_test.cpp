@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include <lockstep/checkpoint/checkpoint_io.h>
+#include <lockstep/checkpoint/safetensors.h>
 #include <lockstep/core/error.h>
 #include <lockstep/distributed/rank_zero.h>
 #include <lockstep/strategies/strategy.h>
@@ -183,6 +184,30 @@ TEST_F(ModelCheckpointTest, SaveLastWritesLastCkptEveryEpoch) {
   fit(second, std::make_shared<testing::Regressor>());
   EXPECT_EQ(files(root / "last_only"), (std::set<std::string>{"last.ckpt"}));
   EXPECT_EQ(only_last->best_model_path(), "");
+}
+
+// save_safetensors: each kept checkpoint has its weights beside it, and they go with it.
+TEST_F(ModelCheckpointTest, SaveSafetensorsWritesTheWeightsBesideEachCheckpointKept) {
+  auto checkpoint = std::make_shared<ModelCheckpoint>(ModelCheckpointOptions()
+                                                          .dirpath((root / "ckpts").string())
+                                                          .monitor("val_score")
+                                                          .save_top_k(2)
+                                                          .save_last(true)
+                                                          .save_safetensors(true));
+  Trainer trainer(options(4));
+  trainer.add_callback(checkpoint);
+  fit(trainer, std::make_shared<ScriptedScore>(std::vector<double>{0.5, 0.3, 0.4, 0.6}));
+  EXPECT_EQ(files(root / "ckpts"),
+            (std::set<std::string>{"epoch=1-step=4.ckpt", "epoch=1-step=4.safetensors", "epoch=2-step=6.ckpt",
+                                   "epoch=2-step=6.safetensors", "last.ckpt", "last.safetensors"}));
+  for (const std::string name : {"epoch=1-step=4", "last"}) {
+    const auto saved = checkpoint::CheckpointIO().load(in_dir(name + ".ckpt")).at("state_dict").toGenericDict();
+    const auto weights = checkpoint::load_safetensors(in_dir(name + ".safetensors")).tensors;
+    ASSERT_EQ(weights.size(), saved.size()) << name;
+    for (const auto& item : saved) {
+      EXPECT_TRUE(torch::equal(weights.at(item.key().toStringRef()), item.value().toTensor())) << name << " " << item.key();
+    }
+  }
 }
 
 TEST_F(ModelCheckpointTest, EveryNTrainStepsSavesMidEpoch) {

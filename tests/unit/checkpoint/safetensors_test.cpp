@@ -347,6 +347,48 @@ TEST(SafetensorsSharded, ShardsAndIndexAsTransformersWritesThemLoadAsOneModel) {
   expect_identical(tensors, load_safetensors(dir / "out/net.safetensors.index.json").tensors);
 }
 
+// Shards written apart (as each rank writes its own) get their index from their headers; a name
+// in two shards is refused; CheckpointIO::remove takes the index and its shards.
+TEST(SafetensorsSharded, AnIndexOfShardsWrittenApartLoadsAsOneModelAndIsRemovedWithThem) {
+  testing::TempDir dir("lockstep_safetensors");
+  const std::string index = dir / "model.safetensors.index.json";
+  EXPECT_EQ(safetensors_shard_path(index, 2, 3), dir / "model-00002-of-00003.safetensors");
+  Tensors first, second;
+  first.insert("b.weight", pattern(torch::kFloat, {10}, 1));
+  second.insert("a.weight", pattern(torch::kDouble, {3}, 2));
+  save_safetensors(first, safetensors_shard_path(index, 1, 2));
+  save_safetensors(second, safetensors_shard_path(index, 2, 2));
+  write_safetensors_index(index, {safetensors_shard_path(index, 1, 2), safetensors_shard_path(index, 2, 2)});
+  const auto written = nlohmann::json::parse(read_bytes(index));
+  EXPECT_EQ(written.at("metadata").at("total_size"), 64);
+  EXPECT_EQ(written.at("weight_map"), nlohmann::json({{"a.weight", "model-00002-of-00002.safetensors"},
+                                                      {"b.weight", "model-00001-of-00002.safetensors"}}));
+  Tensors both = first;
+  both.insert("a.weight", second.at("a.weight"));
+  expect_identical(both, load_safetensors(index).tensors);
+
+  save_safetensors(first, dir / "again.safetensors");
+  try {
+    write_safetensors_index(dir / "twice.safetensors.index.json",
+                            {safetensors_shard_path(index, 1, 2), dir / "again.safetensors"});
+    ADD_FAILURE() << "a name in two shards was indexed";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("'b.weight' is in shard 'model-00001-of-00002.safetensors' and in "
+                                         "'again.safetensors'"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir / "twice.safetensors.index.json"));
+  EXPECT_THROW(safetensors_shard_path(dir / "model.safetensors", 1, 1), UsageError);
+
+  CheckpointIO().remove(index);
+  for (const char* gone : {"model.safetensors.index.json", "model-00001-of-00002.safetensors",
+                           "model-00002-of-00002.safetensors"}) {
+    EXPECT_FALSE(fs::exists(dir / gone)) << gone;
+  }
+  EXPECT_TRUE(fs::exists(dir / "again.safetensors"));
+}
+
 std::string index_error(const std::string& path) {
   try {
     load_safetensors(path);

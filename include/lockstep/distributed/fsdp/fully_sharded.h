@@ -3,6 +3,7 @@
 /// and ZeroRedundancyOptimizer in one engine): each rank keeps a 1/N shard of the parameters,
 /// gradients and optimizer state, as ShardingOptions::sharding_strategy says.
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -66,6 +67,9 @@ class FullyShardedDataParallelBase {
   /// Every parameter and buffer by name, whole, on every rank (a collective): for checkpoints and
   /// for comparing with an unsharded run.
   std::vector<std::pair<std::string, at::Tensor>> full_state_dict();
+  /// As full_state_dict(), but this rank keeps only the tensors whose names `wanted` accepts:
+  /// each unit is gathered in turn and the rest dropped, so a rank holds its share and one unit.
+  std::vector<std::pair<std::string, at::Tensor>> full_state_dict(const std::function<bool(const std::string&)>& wanted);
 
   /// Whole tensors from pieces laid out like the parameters' (a collective): `pieces[k]` is this
   /// rank's piece of a tensor shaped like parameter k of parameters(), such as Adam's exp_avg, or

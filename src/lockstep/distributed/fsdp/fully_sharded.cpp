@@ -316,23 +316,35 @@ double FullyShardedDataParallelBase::clip_grad_norm(double max_norm, double norm
 }
 
 std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallelBase::full_state_dict() {
+  return full_state_dict([](const std::string&) { return true; });
+}
+
+std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallelBase::full_state_dict(
+    const std::function<bool(const std::string&)>& wanted) {
   comm_->throw_if_failed();
   drain();  // the training thread's collectives do not overtake queued ones
   torch::NoGradGuard no_grad;
+  std::unordered_map<const void*, bool> kept;  // the parameters this rank keeps (a tied one: under any name)
+  for (const auto& item : module_->named_parameters()) {
+    bool& keep = kept[item.value().unsafeGetTensorImpl()];
+    keep = keep || wanted(item.key());
+  }
   std::unordered_map<const void*, at::Tensor> whole;
   for (auto& unit : units_) {
     const auto flat = unit->all_gather(unit->shard(), "parameters for a state dict");
     for (size_t k = 0; k < unit->parameters().size(); ++k) {
-      whole[unit->parameters()[k].param.unsafeGetTensorImpl()] = unit->whole_of(k, flat).clone();
+      const void* impl = unit->parameters()[k].param.unsafeGetTensorImpl();
+      if (kept[impl]) whole[impl] = unit->whole_of(k, flat).clone();
     }
   }
   std::vector<std::pair<std::string, at::Tensor>> state;
   for (const auto& item : module_->named_parameters()) {
+    if (!wanted(item.key())) continue;
     const auto found = whole.find(item.value().unsafeGetTensorImpl());
     state.push_back({item.key(), found != whole.end() ? found->second : item.value().detach().clone()});
   }
   for (const auto& item : module_->named_buffers()) {
-    if (item.value().defined()) state.push_back({item.key(), item.value().detach().clone()});
+    if (item.value().defined() && wanted(item.key())) state.push_back({item.key(), item.value().detach().clone()});
   }
   return state;
 }
