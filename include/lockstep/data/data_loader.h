@@ -18,12 +18,14 @@ struct DataLoaderOptions {
   explicit DataLoaderOptions(int64_t batch_size) : batch_size_(batch_size) {}
   /// Examples per batch on this process.
   TORCH_ARG(int64_t, batch_size);
-  /// Shuffle each epoch (seeded by seed + epoch). Default: false.
+  /// Shuffle each epoch (seeded by seed() + epoch). Default: false.
   TORCH_ARG(bool, shuffle) = false;
   /// Drop the last incomplete batch. Default: false.
   TORCH_ARG(bool, drop_last) = false;
-  /// Seed of the shuffle. Default: 0.
-  TORCH_ARG(int64_t, seed) = 0;
+  /// Seed of the shuffle, and of the DistributedSampler the Trainer and Fabric put on it. Default:
+  /// unset (the global seed of `--seed` or seed_everything, as Lightning's PL_GLOBAL_SEED; 0
+  /// without one).
+  TORCH_ARG(std::optional<int64_t>, seed) = std::nullopt;
   /// Prepare the next batch on a background thread. Default: true.
   TORCH_ARG(bool, prefetch) = true;
 };
@@ -49,6 +51,8 @@ class DataLoader {
   /// is prefetched.
   Batch batch(int64_t i);
   const DataLoaderOptions& options() const { return options_; }
+  /// The shuffle's seed: the options' own, else the global seed (global_seed()), else 0.
+  int64_t seed() const;
   const std::shared_ptr<Dataset>& dataset() const { return dataset_; }
 
  private:

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <lockstep/core/error.h>
+#include <lockstep/core/seed.h>
 
 namespace lockstep {
 
@@ -42,11 +43,16 @@ void DataLoader::set_epoch(int64_t epoch) {
   order_ = epoch_indices();
 }
 
+int64_t DataLoader::seed() const {
+  if (options_.seed()) return *options_.seed();
+  return static_cast<int64_t>(global_seed().value_or(0));
+}
+
 std::vector<int64_t> DataLoader::epoch_indices() const {
   if (sampler_) return sampler_->indices();
   const int64_t n = dataset_->size();
   if (options_.shuffle()) {
-    auto generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(options_.seed() + epoch_));
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed() + epoch_));
     auto perm = torch::randperm(n, generator, torch::kInt64);
     return std::vector<int64_t>(perm.data_ptr<int64_t>(), perm.data_ptr<int64_t>() + n);
   }

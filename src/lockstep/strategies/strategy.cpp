@@ -63,7 +63,7 @@ void add_distributed_sampler(const Strategy& strategy, DataLoader& loader, bool 
   loader.set_sampler(std::make_shared<distributed::DistributedSampler>(
       loader.dataset()->size(), distributed::SamplerOptions(kwargs->first, kwargs->second)
                                     .shuffle(shuffle)
-                                    .seed(loader.options().seed())
+                                    .seed(loader.seed())
                                     .drop_last(false)));
 }
 

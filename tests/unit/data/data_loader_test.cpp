@@ -1,9 +1,14 @@
 #include <lockstep/data/data_loader.h>
 
+#include <cstdlib>
+#include <optional>
+#include <vector>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <lockstep/core/error.h>
+#include <lockstep/core/seed.h>
 
 namespace lockstep {
 namespace {
@@ -34,6 +39,38 @@ TEST(DataLoader, DropLastAndShuffleBySeedAndEpoch) {
   auto first = a.batch(0).target.clone();
   a.set_epoch(1);
   EXPECT_FALSE(a.batch(0).target.equal(first));
+}
+
+std::vector<int64_t> order_of(DataLoader& loader) {
+  std::vector<int64_t> order;
+  for (int64_t i = 0; i < loader.num_batches(); ++i) {
+    const auto target = loader.batch(i).target;
+    order.insert(order.end(), target.data_ptr<int64_t>(), target.data_ptr<int64_t>() + target.numel());
+  }
+  return order;
+}
+
+std::vector<int64_t> order_with(std::optional<int64_t> seed) {
+  DataLoader loader(numbers(20), DataLoaderOptions(8).shuffle(true).seed(seed));
+  return order_of(loader);
+}
+
+// As Lightning's samplers take PL_GLOBAL_SEED: a loader without a seed shuffles by the global one
+// (seed_everything, --seed), 0 without one; a loader's own seed wins.
+TEST(DataLoaderSeed, TheGlobalSeedShufflesALoaderWithoutASeedOfItsOwn) {
+  ::unsetenv("LOCKSTEP_GLOBAL_SEED");
+  EXPECT_EQ(order_with(std::nullopt), order_with(0));
+  seed_everything(1);
+  const auto one = order_with(std::nullopt);
+  EXPECT_EQ(DataLoader(numbers(4), DataLoaderOptions(2)).seed(), 1);
+  seed_everything(2);
+  const auto two = order_with(std::nullopt);
+  EXPECT_NE(one, two);
+  EXPECT_EQ(two, order_with(2));
+  const auto own = order_with(5);
+  ::unsetenv("LOCKSTEP_GLOBAL_SEED");
+  EXPECT_EQ(own, order_with(5));
+  EXPECT_EQ(order_with(std::nullopt), order_with(0));
 }
 
 TEST(DataLoader, SamplerGivesThisRanksShare) {

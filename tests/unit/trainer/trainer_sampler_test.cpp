@@ -4,6 +4,7 @@
 // DDP strategy (its distributed_sampler_kwargs), with the rest local.
 #include <lockstep/trainer/trainer.h>
 
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -72,6 +73,36 @@ TEST(TrainerSampler, ALoaderWithItsOwnSamplerIsLeftAlone) {
   auto loader = numbered_loader();
   loader->set_sampler(std::make_shared<distributed::DistributedSampler>(16, distributed::SamplerOptions(4, 2).shuffle(false)));
   EXPECT_EQ(examples_seen(true, loader), (Indices{2, 6, 10, 14})) << "the loader's sampler: rank 2 of 4";
+}
+
+// Rank 1 of 2 under `--seed seed`, 2 epochs of a shuffled loader without a seed of its own: the
+// examples it trained on and the weights it ended with.
+std::pair<Indices, std::vector<torch::Tensor>> run_with_seed(int64_t seed) {
+  ::unsetenv("LOCKSTEP_GLOBAL_SEED");
+  testing::TempDir dir("lockstep_trainer_seed");
+  Trainer trainer(testing::quiet_options(dir).max_epochs(2).seed(seed));
+  trainer.set_strategy(std::make_shared<SecondOfTwoRanks>());
+  torch::manual_seed(0);
+  auto model = std::make_shared<RecordsExamples>();
+  auto data = std::make_shared<TensorDataset>(torch::arange(16, torch::kFloat32).unsqueeze(1), torch::rand({16, 1}));
+  trainer.fit(model, std::make_shared<DataLoader>(data, DataLoaderOptions(4).shuffle(true)));
+  distributed::set_global_rank(0);
+  ::unsetenv("LOCKSTEP_GLOBAL_SEED");
+  std::vector<torch::Tensor> weights;
+  for (const auto& p : model->parameters()) weights.push_back(p.detach().clone());
+  return {model->seen, weights};
+}
+
+// As Lightning's seed_everything reaches its DistributedSampler through PL_GLOBAL_SEED.
+TEST(TrainerSeed, TwoSeedsReadTwoOrdersAndOneSeedTwiceIsBitIdentical) {
+  const auto [one, one_weights] = run_with_seed(1);
+  const auto [two, two_weights] = run_with_seed(2);
+  const auto [again, again_weights] = run_with_seed(1);
+  ASSERT_EQ(one.size(), 16u) << "8 examples in each of 2 epochs";
+  EXPECT_NE(one, two) << "--seed 1 and --seed 2 read the data in the same order";
+  EXPECT_EQ(one, again);
+  ASSERT_EQ(one_weights.size(), again_weights.size());
+  for (size_t k = 0; k < one_weights.size(); ++k) EXPECT_TRUE(torch::equal(one_weights[k], again_weights[k])) << k;
 }
 
 }  // namespace
