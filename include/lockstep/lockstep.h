@@ -31,6 +31,7 @@
 #include <lockstep/core/heap.h>
 #include <lockstep/core/libtorch_compat.h>
 #include <lockstep/core/log_options.h>
+#include <lockstep/core/model_summary.h>
 #include <lockstep/core/number_text.h>
 #include <lockstep/core/optimizer_config.h>
 #include <lockstep/core/retry.h>

@@ -61,6 +61,9 @@ class TrainerView {
   /// loss.backward() with the strategy's gradient synchronisation.
   virtual void manual_backward(const torch::Tensor& loss) = 0;
 
+  /// --fast-dev-run's batch count (0: off): callbacks that write or stop stand aside.
+  virtual int64_t fast_dev_run() { return 0; }
+
   // Actions.
   /// Ends fit after the current epoch.
   virtual void request_stop() = 0;

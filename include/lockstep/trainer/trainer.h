@@ -124,6 +124,7 @@ class Trainer : public TrainerView {
   /// Set by a callback (EarlyStopping) to end fit after the current epoch; all ranks agree.
   void request_stop() override { should_stop_ = true; }
   void save_checkpoint(const std::string& path) override;
+  int64_t fast_dev_run() override { return options_.fast_dev_run(); }
   void remove_checkpoint(const std::string& path) override;
   std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor) override;
   c10::IValue broadcast(const c10::IValue& value, int root = 0) override;
@@ -172,6 +173,8 @@ class Trainer : public TrainerView {
   Profiler::Scope profile(std::string_view action) { return Profiler::Scope(profiler_.get(), action); }
   /// A ProgressBar and a ModelCheckpoint unless disabled or given; checkpoints run last.
   void add_default_callbacks();
+  /// --fast-dev-run: no logger writes, and rank 0 says so.
+  void suppress_for_fast_dev_run();
 
   TrainerOptions options_;
   std::shared_ptr<strategies::Strategy> user_strategy_;
@@ -183,6 +186,7 @@ class Trainer : public TrainerView {
   std::optional<c10::impl::GenericDict> init_weights_;      // --init-weights, read before launch
   bool loggers_set_by_user_ = false;
   std::string log_dir_;
+  std::string model_summary_;  ///< rank 0's, taken at setup, printed when fit starts
 
   ExecutionPlan plan_;
   bool set_up_ = false;

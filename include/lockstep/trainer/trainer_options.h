@@ -71,6 +71,13 @@ struct TrainerOptions : PlanOptionsOf<TrainerOptions> {
   TORCH_ARG(bool, enable_progress_bar) = true;
   /// Save a checkpoint at the end of every epoch (ModelCheckpoint). Default: true.
   TORCH_ARG(bool, enable_checkpointing) = true;
+  /// Run n batches of training, validation and test once, to find bugs (Lightning's
+  /// fast_dev_run): one epoch of n steps, no sanity check, and nothing written (no logger, no
+  /// checkpoint; ModelCheckpoint and EarlyStopping stand aside). 0: off. Default: 0.
+  TORCH_ARG(int64_t, fast_dev_run) = 0;
+  /// Print, on rank 0 when fit starts, a table of the module's parts, their parameter counts and
+  /// modes, and the totals (Lightning's ModelSummary, max_depth 1; model_summary()). Default: true.
+  TORCH_ARG(bool, enable_model_summary) = true;
   /// Put a DistributedSampler on the loaders under DDP. Default: true.
   TORCH_ARG(bool, use_distributed_sampler) = true;
   /// Autograd's anomaly mode during fit: a backward that makes a NaN names the operation whose

@@ -56,6 +56,7 @@ void EarlyStopping::on_train_epoch_end(TrainerView& trainer, TrainingModule& mod
 bool EarlyStopping::better(double a, double b) const { return options_.mode() == "min" ? a < b : a > b; }
 
 void EarlyStopping::check(TrainerView& trainer) {
+  if (trainer.fast_dev_run() > 0) return;  // as Lightning's: a fast_dev_run stops by itself
   const auto& metrics = trainer.callback_metrics();
   const auto found = metrics.find(options_.monitor());
   bool stop = false;

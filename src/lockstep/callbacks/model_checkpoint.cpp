@@ -194,7 +194,8 @@ void ModelCheckpoint::on_validation_end(TrainerView& trainer, TrainingModule& mo
 }
 
 bool ModelCheckpoint::skip_saving(TrainerView& trainer) const {
-  return !fitting_ || trainer.sanity_checking() || last_global_step_saved_ == trainer.global_step();
+  return !fitting_ || trainer.sanity_checking() || trainer.fast_dev_run() > 0 ||
+         last_global_step_saved_ == trainer.global_step();
 }
 
 void ModelCheckpoint::on_train_batch_end(TrainerView& trainer, TrainingModule& module, const torch::Tensor& loss,

@@ -75,7 +75,7 @@ const std::vector<RetiredFlag> retired_trainer_flags = {
                                    "as it is logged, every --log-every-n-steps steps"},
     {"--terminate-on-nan", "Lightning 1.7 removed it: remove the flag; a loss that is nan or inf stops every "
                            "rank anyway, and --detect-anomaly true names the operation that made it"},
-    {"--weights-summary", "Lightning 1.7 removed it and Lockstep prints no model summary: remove the flag"},
+    {"--weights-summary", "Lightning 1.7 replaced it: use --enable-model-summary true|false"},
     {"--track-grad-norm", "Lightning 2.0 removed it: remove the flag and log the norm from a callback's "
                           "on_before_optimizer_step"},
     {"--auto-lr-find", "Lightning 2.0 moved it to the Tuner, which Lockstep does not have: remove the flag and "
@@ -240,6 +240,12 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
   add(g, "--log-every-n-steps", o.log_every_n_steps(), "write metrics every N steps")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   add(g, "--enable-progress-bar", o.enable_progress_bar(), "true|false");
+  add(g, "--enable-model-summary", o.enable_model_summary(), "true|false");
+  add(g, "--fast-dev-run", o.fast_dev_run(), "run N batches of each loop once, writing nothing (default 0: off)")
+      ->expected(0, 1)
+      ->default_str("1")  // the flag alone, as Lightning's fast_dev_run=True
+      ->option_text("[N]")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   add(g, "--enable-checkpointing", o.enable_checkpointing(), "true|false");
   add(g, "--use-distributed-sampler", o.use_distributed_sampler(), "true|false");
   add(g, "--detect-anomaly", o.detect_anomaly(), "true|false: autograd anomaly mode (names the op that made a NaN)");

@@ -9,6 +9,7 @@
 #include <functional>
 #include <iostream>
 #include <limits>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 #include <torch/csrc/autograd/anomaly_mode.h>
@@ -21,6 +22,7 @@
 #include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/core/number_text.h>
 #include <lockstep/core/blas.h>
+#include <lockstep/core/model_summary.h>
 #include <lockstep/core/seed.h>
 #include <lockstep/core/error.h>
 #include <lockstep/environments/cluster_environment.h>
@@ -66,9 +68,30 @@ bool has_callback(const std::vector<std::shared_ptr<Callback>>& callbacks) {
 
 }  // namespace
 
+namespace {
+
+// --fast-dev-run n: one epoch of n batches in each loop, no sanity check (as Lightning).
+void apply_fast_dev_run(TrainerOptions& o) {
+  const int64_t n = o.fast_dev_run();
+  LOCKSTEP_CHECK(n >= 0, UsageError, "--fast-dev-run ", n, ": use a number of batches, 1 or more (0 turns it off).");
+  if (n == 0) return;
+  o.max_epochs(1).max_steps(n).limit_train_batches(n).limit_val_batches(n).limit_test_batches(n);
+  o.num_sanity_val_steps(0).val_check_interval(1.0).check_val_every_n_epoch(1).enable_checkpointing(false);
+}
+
+}  // namespace
+
 Trainer::Trainer(TrainerOptions options)
     : options_(std::move(options)), checkpoint_io_(std::make_shared<checkpoint::CheckpointIO>()) {
   apply_trainer_variables(options_, environments::Environ::from_process());
+  apply_fast_dev_run(options_);
+}
+
+void Trainer::suppress_for_fast_dev_run() {
+  loggers_.clear();  // Lightning puts a DummyLogger in their place
+  if (!plan_.strategy->is_global_zero()) return;
+  std::cerr << "lockstep: running in fast_dev_run mode: will run the requested loop using " << options_.fast_dev_run()
+            << " batch(es). Logging and checkpointing is suppressed.\n";
 }
 Trainer::~Trainer() {
   if (module_) attach(*module_, nullptr);
@@ -155,6 +178,9 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
     check_init_weights_source();
     LOCKSTEP_CHECK(options_.accumulate_grad_batches() >= 1, UsageError, "--accumulate-grad-batches ",
                    options_.accumulate_grad_batches(), ": use 1 or more.");
+    LOCKSTEP_CHECK(options_.check_val_every_n_epoch() >= 1, UsageError, "--check-val-every-n-epoch ",
+                   options_.check_val_every_n_epoch(), ": use 1 or more (1 validates every epoch). To skip validation "
+                   "use --limit-val-batches 0.");
     core::warn_if_reference_blas();
     if (options_.seed() >= 0) seed_everything(static_cast<uint64_t>(options_.seed()));
     if (options_.deterministic()) at::globalContext().setDeterministicAlgorithms(true, false);
@@ -167,7 +193,8 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
                    "algorithms on CUDA devices.\n";
     }
     if (options_.profiler() && !profiler_) profiler_ = std::make_shared<SimpleProfiler>();
-    if (!loggers_set_by_user_ && plan_.strategy->is_global_zero()) {
+    if (options_.fast_dev_run() > 0) suppress_for_fast_dev_run();
+    if (!loggers_set_by_user_ && options_.fast_dev_run() == 0 && plan_.strategy->is_global_zero()) {
       loggers_.push_back(std::make_shared<loggers::CSVLogger>(loggers::LoggerOptions(options_.default_root_dir())));
     }
     // Every rank needs the run directory (checkpoints), which rank 0's logger chose. Only rank 0
@@ -182,6 +209,8 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
   module_ = module;
   attach(*module_, this);
   load_init_weights();  // into the whole module, before a strategy wraps or shards it
+  // Counted whole, before a sharded strategy leaves each rank a piece; printed when fit starts.
+  model_summary_ = options_.enable_model_summary() && plan_.strategy->is_global_zero() ? model_summary(*module_) : "";
   plan_.strategy->module_to_device(*module_);
   plan_.precision.convert_module(*module_);
   plan_.strategy->setup_module(module_);
@@ -251,12 +280,9 @@ void Trainer::run_fit(const std::shared_ptr<TrainingModule>& module, const std::
   if (!train) throw UsageError("Trainer::fit needs a training DataLoader; it was null.");
   const auto started = std::chrono::steady_clock::now();
   setup(module);
+  if (!model_summary_.empty()) std::cerr << std::exchange(model_summary_, std::string());
   attach_sampler(*train, train->options().shuffle());
   if (val) attach_sampler(*val, false);
-  if (options_.check_val_every_n_epoch() < 1) {
-    throw UsageError("--check-val-every-n-epoch " + std::to_string(options_.check_val_every_n_epoch()) +
-                     ": use 1 or more (1 validates every epoch). To skip validation use --limit-val-batches 0.");
-  }
   // Checked before any hook runs, so that a bad interval stops the run before it writes anything.
   num_training_batches_ = options_.limit_train_batches().of(train->num_batches());
   val_check_batch_ = resolve_val_check_batch(options_.val_check_interval(), num_training_batches_);
@@ -335,7 +361,9 @@ std::vector<torch::Tensor> Trainer::predict(const std::shared_ptr<TrainingModule
   module_->eval();
   std::vector<torch::Tensor> outputs;
   const auto device = plan_.strategy->root_device();
-  for (int64_t i = 0; i < loader->num_batches(); ++i) {
+  const int64_t batches = options_.fast_dev_run() > 0 ? std::min(options_.fast_dev_run(), loader->num_batches())
+                                                      : loader->num_batches();
+  for (int64_t i = 0; i < batches; ++i) {
     Batch batch = loader->batch(i);
     module_->transfer_batch_to_device(batch, device);
     plan_.precision.convert_batch(batch);

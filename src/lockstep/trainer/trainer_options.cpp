@@ -33,6 +33,8 @@ void apply_trainer_variables(TrainerOptions& o, const environments::Environ& env
   v.set("log_every_n_steps", o.log_every_n_steps(), d.log_every_n_steps(), 1, many);
   v.set("enable_progress_bar", o.enable_progress_bar(), d.enable_progress_bar());
   v.set("enable_checkpointing", o.enable_checkpointing(), d.enable_checkpointing());
+  v.set("fast_dev_run", o.fast_dev_run(), d.fast_dev_run(), 0, many);
+  v.set("enable_model_summary", o.enable_model_summary(), d.enable_model_summary());
   v.set("use_distributed_sampler", o.use_distributed_sampler(), d.use_distributed_sampler());
   v.set("detect_anomaly", o.detect_anomaly(), d.detect_anomaly());
   v.set("benchmark", o.benchmark(), d.benchmark());

@@ -60,7 +60,7 @@ const std::vector<Retired> retired = {
     {"--progress-bar-refresh-rate", "use --enable-progress-bar true|false"},
     {"--flush-logs-every-n-steps", "every --log-every-n-steps steps"},
     {"--terminate-on-nan", "--detect-anomaly true names the operation"},
-    {"--weights-summary", "Lockstep prints no model summary: remove the flag"},
+    {"--weights-summary", "Lightning 1.7 replaced it: use --enable-model-summary true|false"},
     {"--track-grad-norm", "on_before_optimizer_step"},
     {"--auto-lr-find", "set the learning rate in configure_optimizers"},
     {"--auto-scale-batch-size", "set the batch size of your loaders"},

@@ -47,6 +47,26 @@ TEST(TrainerFlags, AFlagWinsOverItsVariableWhichWinsOverTheProgramsDefault) {
   EXPECT_EQ(trainer.options().max_epochs(), -1) << "the Trainer read the variable again";
 }
 
+// --fast-dev-run alone is 1 batch (Lightning's fast_dev_run=True), with a number that many; the
+// Trainer then runs one epoch of them with no sanity check and no checkpointing.
+TEST(TrainerFlags, FastDevRunAloneIsOneBatchAndWithANumberThatMany) {
+  for (const auto& [args, batches] : std::vector<std::pair<std::vector<std::string>, int64_t>>{
+           {{"--fast-dev-run"}, 1}, {{"--fast-dev-run", "3", "--max-epochs", "9"}, 3}, {{}, 0}}) {
+    auto options = TrainerOptions();
+    CLI::App app("prog");
+    cli::add_trainer_flags(app, options);
+    ASSERT_EQ(parse(app, args), -1);
+    EXPECT_EQ(options.fast_dev_run(), batches);
+    const Trainer trainer(options);
+    if (batches == 0) continue;
+    EXPECT_EQ(trainer.options().max_epochs(), 1);
+    EXPECT_EQ(trainer.options().max_steps(), batches);
+    EXPECT_EQ(trainer.options().limit_val_batches(), BatchLimit(batches));
+    EXPECT_EQ(trainer.options().num_sanity_val_steps(), 0);
+    EXPECT_FALSE(trainer.options().enable_checkpointing());
+  }
+}
+
 // A Trainer built in code stops a program on a bad variable as a bad flag does: exit code 2 and
 // one line naming the variable.
 TEST(TrainerFlags, ABadVariableOfATrainerBuiltInCodeExitsTwoNamingIt) {

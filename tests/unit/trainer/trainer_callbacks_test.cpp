@@ -110,6 +110,29 @@ TEST_F(TrainerCallbacksTest, EveryCheckpointGoesThroughTheTrainersCheckpointIO) 
   EXPECT_EQ(resumed.global_step(), 6);
 }
 
+// --fast-dev-run 2: one epoch of 2 training batches and 2 validation batches, with a
+// ModelCheckpoint and an EarlyStopping the user added and the default logger: nothing is written
+// under the root (no logs, no checkpoints), and one line says so.
+TEST_F(TrainerCallbacksTest, FastDevRunTrainsTwoBatchesOnceAndWritesNothing) {
+  Trainer trainer(options().max_epochs(5).fast_dev_run(2).num_sanity_val_steps(2));
+  trainer.add_callback(std::make_shared<ModelCheckpoint>(ModelCheckpointOptions().dirpath((root / "ckpts").string())));
+  trainer.add_callback(std::make_shared<EarlyStopping>(EarlyStoppingOptions("val_loss").patience(0)));
+  ::testing::internal::CaptureStderr();
+  trainer.fit(std::make_shared<testing::Regressor>(),
+              std::make_shared<DataLoader>(regression_data(64), DataLoaderOptions(8)),
+              std::make_shared<DataLoader>(regression_data(32, 8, 9), DataLoaderOptions(8)));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(trainer.global_step(), 2);
+  EXPECT_EQ(trainer.current_epoch(), 1);
+  EXPECT_EQ(trainer.num_val_batches(), 2);
+  EXPECT_FALSE(fs::exists(root / "ckpts"));
+  EXPECT_FALSE(fs::exists(root / "lockstep_logs"));
+  EXPECT_NE(err.find("fast_dev_run mode: will run the requested loop using 2 batch(es). Logging and checkpointing is "
+                     "suppressed."),
+            std::string::npos)
+      << err;
+}
+
 TEST_F(TrainerCallbacksTest, ProgressBarShowsEveryStepsValue) {
   // log_every_n_steps 50 writes no step row in 4 steps; the bar still shows the loss.
   Trainer trainer(options().enable_checkpointing(false).enable_progress_bar(false));
