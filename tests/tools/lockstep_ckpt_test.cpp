@@ -381,5 +381,39 @@ TEST(LockstepCkptPython, PythonReadsTheConvertedFilesBitIdentical) {
   }
 }
 
+// Python's torch.save(model.state_dict()) (an OrderedDict with _metadata) lists by its names, and
+// comes back from a sharded checkpoint and safetensors as the same tensors, in the same order.
+const char* const kPythonStateDict = R"(
+import sys
+import torch
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.BatchNorm1d(5), torch.nn.Linear(5, 2).double())
+torch.save(m.state_dict(), sys.argv[1] + "/python.pt")
+)";
+
+TEST(LockstepCkptPython, PythonsStateDictListsAndComesBackTheSame) {
+  testing::TempDir dir("lockstep_ckpt_python_sd");
+  const auto python = testing::run_command({LOCKSTEP_TEST_PYTHON, "-c", kPythonStateDict, dir.path()},
+                                           {{"OMP_NUM_THREADS", "1"}, {"HOME", dir.path()}}, std::chrono::seconds(120));
+  if (python.err.find("No module named 'torch'") != std::string::npos) GTEST_SKIP() << "the test Python has no torch";
+  ASSERT_EQ(python.exit_code, 0) << python.err;
+  const auto listed = ckpt({"inspect", dir / "python.pt"});
+  ASSERT_EQ(listed.exit_code, 0) << listed.err;
+  EXPECT_TRUE(has_line(listed.out, dir / "python.pt: plain torch.save file")) << listed.out;
+  EXPECT_TRUE(has_line(listed.out, "  0.weight ", "float32   [5, 3]")) << listed.out;
+  EXPECT_TRUE(has_line(listed.out, "  2.weight ", "float64   [2, 5]")) << listed.out;
+  EXPECT_TRUE(has_line(listed.out, "  1.num_batches_tracked ", "int64     []")) << listed.out;
+  convert_ok({dir / "python.pt", dir / "sharded", "--to", "lockstep-sharded", "--world-size", "3"});
+  convert_ok({dir / "sharded", dir / "back.pt", "--to", "torch"});
+  convert_ok({dir / "back.pt", dir / "model.safetensors", "--to", "safetensors"});
+  convert_ok({dir / "model.safetensors", dir / "again.pt", "--to", "torch"});
+  const auto original = load_back(dir / "python.pt");
+  expect_same(original, load_back(dir / "back.pt"), "python -> sharded -> torch");
+  const auto again = load_back(dir / "again.pt").toGenericDict();
+  for (const auto& item : original.toGenericDict()) {
+    expect_same(item.value(), again.at(item.key()), "via safetensors: " + c10::str(item.key()));
+  }
+}
+
 }  // namespace ckpt_command_test
 }  // namespace lockstep
