@@ -115,7 +115,7 @@ class FullSource : public Source {
       }
     }
   }
-  Checkpoint full() const override { return full_; }
+  Checkpoint full(bool) const override { return full_; }
   std::map<std::string, TensorLayout> piece_layout() const override {
     std::map<std::string, TensorLayout> layout;
     for (const auto& [key, tensor] : tensors_) layout[key] = {tensor.sizes().vec(), tensor.scalar_type()};
@@ -135,7 +135,18 @@ class FullSource : public Source {
 class ShardedSource : public Source {
  public:
   explicit ShardedSource(std::string dir) : dir_(std::move(dir)), metadata_(checkpoint::read_sharded_metadata(dir_)) {}
-  Checkpoint full() const override { return checkpoint::to_full_checkpoint(checkpoint::load_sharded(dir_)); }
+  // The weights alone are read piece by piece: the optimizer state is never in memory whole.
+  Checkpoint full(bool weights_only) const override {
+    std::map<std::string, checkpoint::PieceRange> weights;
+    for (const auto& [key, info] : metadata_.tensors) {
+      if (key.rfind("state_dict/", 0) == 0) weights[key] = {0, c10::multiply_integers(info.shape)};
+    }
+    if (!weights_only || weights.empty()) return checkpoint::to_full_checkpoint(checkpoint::load_sharded(dir_));
+    const auto read = checkpoint::load_sharded_pieces(dir_, weights);
+    std::map<std::string, at::Tensor> tensors;
+    for (const auto& [key, piece] : read.pieces) tensors[key] = piece.values.view(piece.shape);
+    return checkpoint::to_full_checkpoint(read.common, tensors);
+  }
   std::map<std::string, TensorLayout> piece_layout() const override {
     std::map<std::string, TensorLayout> layout;
     for (const auto& [key, info] : metadata_.tensors) layout[key] = {info.shape, info.dtype};
@@ -243,7 +254,7 @@ std::vector<std::string> write_torch_file(const Source& source, const std::strin
 }
 
 std::vector<std::string> write_safetensors(const Source& source, const std::string& out) {
-  const Checkpoint full = source.full();
+  const Checkpoint full = source.full(/*weights_only=*/true);
   const std::string key = weights_key(full);
   if (key.empty()) {
     std::string entries;

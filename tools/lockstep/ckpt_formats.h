@@ -28,8 +28,10 @@ struct TensorLayout {
 class Source {
  public:
   virtual ~Source() = default;
-  /// The whole checkpoint as one dict.
-  virtual checkpoint::Checkpoint full() const = 0;
+  /// The whole checkpoint as one dict. With `weights_only`, a source that can read less may leave
+  /// out the tensors of everything but the model's weights (their entries stay, so that a writer
+  /// can name what it leaves out).
+  virtual checkpoint::Checkpoint full(bool weights_only = false) const = 0;
   /// The tensors a sharded checkpoint cuts into pieces (the model's weights and the optimizers'
   /// per-element state), by piece key ("state_dict/fc1.weight").
   virtual std::map<std::string, TensorLayout> piece_layout() const = 0;
