@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <lockstep/checkpoint/checkpoint_io.h>
@@ -211,6 +212,39 @@ TEST(LockstepCkpt, ConvertRoundTripsAreBitIdentical) {
   expect_same(weights, load_back(dir / "w_lockstep.ckpt").toGenericDict().at("state_dict"), "weights -> lockstep");
   convert_ok({dir / "w_lockstep.ckpt", dir / "w_torch.pt", "--to", "torch"});
   expect_same(weights, load_back(dir / "w_torch.pt"), "weights -> lockstep -> torch");
+}
+
+// The fit_end line's metrics of a fashion_mnist run (`extra` flags added), after it exits 0.
+std::string fit_metrics(const std::string& root, const std::vector<std::string>& extra) {
+  std::vector<std::string> argv{std::string(LOCKSTEP_BIN_DIR) + "/fashion_mnist", "--model", "mlp", "--seed", "1",
+                                "--limit-train-batches", "3", "--limit-val-batches", "1", "--num-sanity-val-steps",
+                                "0", "--enable-progress-bar", "false", "--timeout", "60", "--default-root-dir", root};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  const auto result = testing::run_command(argv, {{"PATH", "/usr/bin:/bin"}, {"HOME", "/tmp"}, {"OMP_NUM_THREADS", "1"},
+                                                  {"LOCKSTEP_NO_BLAS_WARNING", "1"}},
+                                           std::chrono::seconds(90));
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  for (const auto& line : result.out_lines()) {
+    if (line.find("\"fit_end\"") != std::string::npos) return nlohmann::json::parse(line).at("metrics").dump();
+  }
+  ADD_FAILURE() << "no fit_end line: " << result.out << result.err;
+  return "";
+}
+
+// A Trainer checkpoint converted to a 3-rank sharded one resumes on 2 FSDP ranks as the file
+// itself does: the same metrics after the next epoch.
+TEST(LockstepCkpt, TheTrainerResumesAConvertedShardedCheckpointAsTheFile) {
+  testing::TempDir dir("lockstep_ckpt_resume");
+  fit_metrics(dir / "first", {"--max-epochs", "1"});
+  const std::string last = dir / "first/lockstep_logs/version_0/checkpoints/last.ckpt";
+  convert_ok({last, dir / "sharded", "--to", "lockstep-sharded", "--world-size", "3"});
+  const std::vector<std::string> resume{"--max-epochs", "2", "--devices", "2", "--strategy", "fsdp", "--ckpt-path"};
+  auto from_file = resume, from_sharded = resume;
+  from_file.push_back(last);
+  from_sharded.push_back(dir / "sharded");
+  const std::string expected = fit_metrics(dir / "a", from_file);
+  EXPECT_NE(expected, "");
+  EXPECT_EQ(fit_metrics(dir / "b", from_sharded), expected);
 }
 
 TEST(LockstepCkpt, SafetensorsNamesWhatItLeavesOutInOneNote) {
