@@ -1,7 +1,6 @@
 // `lockstep ckpt inspect PATH` and `lockstep ckpt convert IN OUT --to FORMAT`: what a checkpoint
 // holds, and the same checkpoint in another format (the formats are in ckpt_formats.h).
 #include <chrono>
-#include <cstdio>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
