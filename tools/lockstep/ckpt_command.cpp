@@ -151,7 +151,7 @@ Listing list_safetensors(const std::string& path) {
   return listing;
 }
 
-// metadata.json and rank 0's common dict only: no tensor is read.
+// metadata.json for the tensors, and rank 0's file for the common dict: the other rank files are not read.
 Listing list_sharded(const std::string& path) {
   Listing listing;
   const auto metadata = checkpoint::read_sharded_metadata(path);
