@@ -19,6 +19,7 @@ Command add_env_command(CLI::App& app);
 Command add_launch_command(CLI::App& app);
 Command add_comm_bench_command(CLI::App& app);
 Command add_plot_command(CLI::App& app);
+Command add_ckpt_command(CLI::App& app);
 
 }  // namespace tool
 }  // namespace lockstep
