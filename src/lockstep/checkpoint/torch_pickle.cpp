@@ -17,14 +17,17 @@ enum Op : unsigned char {
   MARK = '(', STOP = '.', BININT = 'J', BININT1 = 'K', BININT2 = 'M', NONE = 'N', BINPERSID = 'Q',
   REDUCE = 'R', BINUNICODE = 'X', APPEND = 'a', BUILD = 'b', GLOBAL = 'c', EMPTY_DICT = '}', APPENDS = 'e',
   BINGET = 'h', LONG_BINGET = 'j', EMPTY_LIST = ']', BINPUT = 'q', LONG_BINPUT = 'r', SETITEM = 's',
-  TUPLE = 't', EMPTY_TUPLE = ')', SETITEMS = 'u', BINFLOAT = 'G', PROTO = 0x80, TUPLE1 = 0x85, TUPLE2 = 0x86,
-  TUPLE3 = 0x87, NEWTRUE = 0x88, NEWFALSE = 0x89, LONG1 = 0x8a,
+  TUPLE = 't', EMPTY_TUPLE = ')', SETITEMS = 'u', BINFLOAT = 'G', PROTO = 0x80, NEWOBJ = 0x81, TUPLE1 = 0x85,
+  TUPLE2 = 0x86, TUPLE3 = 0x87, NEWTRUE = 0x88, NEWFALSE = 0x89, LONG1 = 0x8a,
 };
 
 constexpr int kMaxDepth = 100;
 constexpr uint64_t kMaxGlobalName = 1024;
 
-enum class Kind { none, scalar, dict, ordered_dict, list, tuple, empty_tuple, function, ordered_dict_class, object };
+// dict_class: a class whose instances are read as plain dicts (OrderedDict, defaultdict,
+// Lightning's AttributeDict); dict_object: such an instance; factory: a builtin type, only as
+// the default factory of a defaultdict (which is dropped with it).
+enum class Kind { none, scalar, dict, dict_object, list, tuple, empty_tuple, function, dict_class, factory, object };
 
 // What a stack or memo entry holds, as far as the rewrite needs to know.
 struct Node {
@@ -32,6 +35,7 @@ struct Node {
   int depth = 0;        // containers nested inside, itself included
   bool shared = false;  // fetched again from the memo: filling it now would build a cycle
   std::string bytes;    // a scalar's or None's opcode, to write it again where the memo entry was dropped
+  bool holds_factory = false;  // a factory, or a tuple with one: only a defaultdict may take it
 };
 
 struct Item {
@@ -57,7 +61,23 @@ class Refusal : public UsageError {
   bool damaged;
 };
 
-bool is_container(Kind k) { return k == Kind::dict || k == Kind::ordered_dict || k == Kind::list; }
+bool is_container(Kind k) { return k == Kind::dict || k == Kind::dict_object || k == Kind::list; }
+
+// Classes whose instances are plain dicts: torch.save(model.state_dict()) writes OrderedDicts,
+// and Lightning's checkpoints an AttributeDict for hyper_parameters, sometimes a defaultdict.
+bool is_dict_class(const std::string& module, const std::string& name) {
+  return (module == "collections" && (name == "OrderedDict" || name == "defaultdict")) ||
+         (name == "AttributeDict" && (module == "lightning_fabric.utilities.data" ||
+                                      module == "lightning.fabric.utilities.data" ||
+                                      module == "pytorch_lightning.utilities.parsing" ||
+                                      module == "lightning.pytorch.utilities.parsing"));
+}
+
+// The builtin types a defaultdict's default factory may be.
+bool is_factory(const std::string& module, const std::string& name) {
+  return (module == "builtins" || module == "__builtin__") &&
+         (name == "list" || name == "dict" || name == "int" || name == "float" || name == "str" || name == "set");
+}
 
 class Rewriter {
  public:
@@ -120,10 +140,10 @@ class Rewriter {
     return stack_.back();
   }
 
-  // The top value, removed. Only REDUCE may take an OrderedDict class (as its callable).
+  // The top value, removed. Only REDUCE and NEWOBJ may take a dict class (as their callable).
   Item pop() {
     Item item = top();
-    if (node(item).kind == Kind::ordered_dict_class) refuse_ordered_dict_use();
+    if (node(item).kind == Kind::dict_class) refuse_dict_class_use();
     stack_.pop_back();
     return item;
   }
@@ -134,14 +154,23 @@ class Rewriter {
     marks_.pop_back();
     std::vector<Item> items(stack_.begin() + mark + 1, stack_.end());
     for (const auto& item : items) {
-      if (node(item).kind == Kind::ordered_dict_class) refuse_ordered_dict_use();
+      if (node(item).kind == Kind::dict_class) refuse_dict_class_use();
     }
     stack_.resize(mark);
     return items;
   }
 
-  [[noreturn]] void refuse_ordered_dict_use() const {
-    refuse("uses collections.OrderedDict other than as a dict (at byte " + std::to_string(op_at_) +
+  // A builtin type anywhere but in the arguments of a defaultdict (which are dropped).
+  void refuse_factory(const Item& item) const {
+    if (!nodes_[item.node].holds_factory) return;
+    refuse("holds a Python type (builtins) other than as a defaultdict's default factory (at byte " +
+           std::to_string(op_at_) + "), which Lockstep does not read. Save plain dicts of tensors, e.g. "
+           "torch.save(model.state_dict(), path)");
+  }
+
+  [[noreturn]] void refuse_dict_class_use() const {
+    refuse("uses a dict class (collections.OrderedDict, defaultdict, Lightning's AttributeDict) other than as a "
+           "dict (at byte " + std::to_string(op_at_) +
            "), which Lockstep does not read. Save plain dicts of tensors, e.g. torch.save(model.state_dict(), path)");
   }
 
@@ -156,7 +185,7 @@ class Rewriter {
   Item& container_below(Kind kind, const char* what) {
     Item& target = top();
     Node& n = node(target);
-    const bool fits = kind == Kind::dict ? (n.kind == Kind::dict || n.kind == Kind::ordered_dict) : n.kind == kind;
+    const bool fits = kind == Kind::dict ? (n.kind == Kind::dict || n.kind == Kind::dict_object) : n.kind == kind;
     if (!fits) malformed(std::string("it adds items to something that is not a ") + what);
     if (n.shared) {
       refuse("holds a " + std::string(what) + " that contains itself (a recursive structure), which Lockstep does "
@@ -167,13 +196,17 @@ class Rewriter {
 
   void add_items(const std::vector<Item>& items) {
     Item& list = container_below(Kind::list, "list");
-    for (const auto& item : items) nest(node(list), node(item));
+    for (const auto& item : items) {
+      refuse_factory(item);
+      nest(node(list), node(item));
+    }
   }
 
   void set_items(const std::vector<Item>& items) {
     if (items.size() % 2 != 0) malformed("a dict gets a key without a value");
     Item& dict = container_below(Kind::dict, "dict");
     for (std::size_t i = 0; i < items.size(); i += 2) {
+      refuse_factory(items[i + 1]);
       if (node(items[i]).kind != Kind::scalar) {
         refuse("holds a dict whose keys are not strings or numbers, which Lockstep does not load. Use string keys, "
                "as a state_dict does");
@@ -195,7 +228,10 @@ class Rewriter {
 
   void make_tuple(const std::vector<Item>& items) {
     const int tuple = make(items.empty() ? Kind::empty_tuple : Kind::tuple, 1);
-    for (const auto& item : items) nest(nodes_[tuple], node(item));
+    for (const auto& item : items) {
+      nest(nodes_[tuple], node(item));
+      nodes_[tuple].holds_factory = nodes_[tuple].holds_factory || node(item).holds_factory;
+    }
     push(tuple, items.empty() ? op_at_ : items.front().start);
   }
 
@@ -236,7 +272,7 @@ class Rewriter {
     if (id >= memo_.size() || memo_[id].node < 0) malformed("a memo index refers to nothing stored");
     const MemoEntry& entry = memo_[id];
     Node& n = nodes_[entry.node];
-    if (n.kind != Kind::ordered_dict_class && dropped(entry.put_at)) {
+    if (n.kind != Kind::dict_class && dropped(entry.put_at)) {
       // Stored inside what was dropped (an OrderedDict's attributes): written again in its place.
       if (n.kind != Kind::scalar && n.kind != Kind::none) {
         refuse("refers back into an OrderedDict's attributes (at byte " + std::to_string(op_at_) + "), which "
@@ -260,7 +296,13 @@ class Rewriter {
   void global() {
     const std::string module = line();
     const std::string name = line();
-    if (module == "collections" && name == "OrderedDict") return push_new(Kind::ordered_dict_class);
+    if (is_dict_class(module, name)) return push_new(Kind::dict_class);
+    if (is_factory(module, name)) {
+      push_new(Kind::factory);
+      nodes_.back().holds_factory = true;
+      nodes_.back().bytes = module + "." + name;  // for refuse_class, where it is called
+      return;
+    }
     const bool storage = module == "torch" && name.size() > 7 && name.compare(name.size() - 7, 7, "Storage") == 0;
     if ((module == "torch._utils" && name == "_rebuild_tensor_v2") || storage || (module == "torch" && name == "device") ||
         module == "torch.jit._pickle") {
@@ -280,31 +322,48 @@ class Rewriter {
            "them. Save the weights instead: torch.save(model.state_dict(), path)");
   }
 
+  // OrderedDict() and defaultdict(factory) become an empty dict, their arguments dropped; the
+  // tensor functions stay for LibTorch's unpickler.
   void reduce() {
     const Item args = pop();
     const Item callable = top();
     const Kind kind = node(callable).kind;
-    if (kind != Kind::function && kind != Kind::ordered_dict_class) malformed("REDUCE calls something that is not a function");
+    if (kind == Kind::factory) refuse_class(node(callable).bytes);  // set(...), list(...): Python objects
+    if (kind != Kind::function && kind != Kind::dict_class) malformed("REDUCE calls something that is not a function");
     stack_.pop_back();
-    if (kind == Kind::ordered_dict_class) {
-      if (node(args).kind != Kind::empty_tuple) refuse_ordered_dict_use();
-      drop_since(callable.start, "}");
-      return push(make(Kind::ordered_dict, 1), callable.start);
-    }
+    if (kind == Kind::dict_class) return make_dict_object(callable, args);
+    refuse_factory(args);
     push(make(Kind::object, node(args).depth), callable.start);
+  }
+
+  // NEWOBJ (cls.__new__(cls, *args)): how an AttributeDict, a dict subclass, is pickled.
+  void newobj() {
+    const Item args = pop();
+    const Item cls = top();
+    if (node(cls).kind == Kind::factory) refuse_class(node(cls).bytes);
+    if (node(cls).kind != Kind::dict_class) malformed("NEWOBJ builds something that is not a class");
+    stack_.pop_back();
+    make_dict_object(cls, args);
+  }
+
+  void make_dict_object(const Item& cls, const Item& args) {
+    const Kind kind = node(args).kind;
+    if (kind != Kind::empty_tuple && !(kind == Kind::tuple && node(args).holds_factory)) refuse_dict_class_use();
+    drop_since(cls.start, "}");
+    push(make(Kind::dict_object, 1), cls.start);
   }
 
   // An OrderedDict's attributes (a state_dict's `_metadata`: module versions that only Python's
   // load_state_dict reads) are dropped with the BUILD that would set them.
   void build() {
     const Item state = pop();
-    if (node(top()).kind != Kind::ordered_dict) malformed("BUILD sets the attributes of something not an OrderedDict");
+    if (node(top()).kind != Kind::dict_object) malformed("BUILD sets the attributes of something not an OrderedDict");
     drop_since(state.start, "");
   }
 
   void stop() {
     if (stack_.size() != 1 || !marks_.empty()) malformed("STOP leaves other than one value on the stack");
-    pop();
+    refuse_factory(pop());
     stop_at_ = pos_;
     stopped_ = true;
   }
@@ -337,6 +396,7 @@ class Rewriter {
       case LONG_BINGET: return get(read(4));
       case GLOBAL: return global();
       case REDUCE: return reduce();
+      case NEWOBJ: return newobj();
       case BUILD: return build();
       case BINPERSID: { const Item id = pop(); return push(make(Kind::object), id.start); }
       case STOP: return stop();

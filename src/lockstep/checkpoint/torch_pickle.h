@@ -22,7 +22,9 @@ struct PickleRewrite {
 
 /// Rewrites the pickle `data` (protocol 2, as torch.save and LibTorch's pickler write it):
 /// - `collections.OrderedDict()` becomes an empty dict, and the attributes an OrderedDict
-///   carries (a state_dict's `_metadata`) are dropped;
+///   carries (a state_dict's `_metadata`) are dropped; so do `collections.defaultdict(T)` (its
+///   default factory T, a builtin type, dropped) and Lightning's `AttributeDict` (a dict subclass
+///   that Lightning checkpoints hold their hyper_parameters in, pickled with NEWOBJ);
 /// - SETITEM and APPEND become MARK ... SETITEMS / APPENDS; a LONG1 integer becomes 8 bytes wide;
 /// - any class or function other than tensor rebuilding (torch._utils._rebuild_tensor_v2, the
 ///   storage types, torch.device, torch.jit._pickle) is refused, naming it;

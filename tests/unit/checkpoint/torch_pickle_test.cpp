@@ -66,6 +66,32 @@ TEST(TorchPickle, AnOrderedDictIsADictAndItsAttributesAreDropped) {
   EXPECT_EQ(tuple[1].toStringRef(), "version");
 }
 
+// A Lightning checkpoint's {"hyper_parameters": AttributeDict(lr=7), "dd": defaultdict(list, a=[1])},
+// in the opcodes Python writes (NEWOBJ for the dict subclass, REDUCE with the factory).
+TEST(TorchPickle, LightningsAttributeDictAndADefaultdictAreDicts) {
+  const std::string pickle = kProto + "}q\x00("s + str("hyper_parameters") + "q\x01"s +
+                             "clightning_fabric.utilities.data\nAttributeDict\nq\x02)\x81q\x03("s + str("lr") + "K\x07u"s +
+                             str("dd") + "ccollections\ndefaultdict\nq\x04" "c__builtin__\nlist\nq\x05\x85q\x06Rq\x07"s +
+                             str("a") + "]K\x01" "as" "u.";
+  const auto result = rewrite(pickle);
+  ASSERT_EQ(result.problem, "");
+  const auto dict = unpickle(result.pickle).toGenericDict();
+  EXPECT_EQ(dict.at("hyper_parameters").toGenericDict().at("lr").toInt(), 7);
+  const auto inner = dict.at("dd").toGenericDict().at("a").toListRef();
+  ASSERT_EQ(inner.size(), 1u);
+  EXPECT_EQ(inner[0].toInt(), 1);
+}
+
+TEST(TorchPickle, ABuiltinTypeOutsideADefaultdictIsRefused) {
+  for (const std::string& pickle : {kProto + "]c__builtin__\nlist\na."s, kProto + "c__builtin__\nlist\n\x85."s,
+                                    kProto + "ctorch\ndevice\nc__builtin__\nlist\n\x85R."s}) {
+    const auto result = rewrite(pickle);
+    EXPECT_NE(result.problem.find("holds a Python type (builtins) other than as a defaultdict's default factory"),
+              std::string::npos) << result.problem;
+  }
+  EXPECT_NE(rewrite(kProto + "cbuiltins\neval\n."s).problem.find("class builtins.eval"), std::string::npos);
+}
+
 TEST(TorchPickle, AReferenceToADroppedContainerIsRefused) {
   const auto result = rewrite(kProto + "(" + kOrderedDictWithMetadata + "h\x06t."s);  // memo 6: {"version": 1}
   EXPECT_NE(result.problem.find("refers back into an OrderedDict's attributes"), std::string::npos) << result.problem;
@@ -91,7 +117,7 @@ TEST(TorchPickle, StreamsNoPicklerWritesAreDamagedOrRefusedWithTheReason) {
       {kProto + "ccollections\nOrderedDict"s, "not ended by a newline"},
       {kProto + "]q\x00h\x00" "a."s, "contains itself"},
       {kProto + "N0."s, "opcode 0x30"},
-      {kProto + "ccollections\nOrderedDict\n\x85."s, "OrderedDict other than as a dict"},
+      {kProto + "ccollections\nOrderedDict\n\x85."s, "other than as a dict"},
       {"\x80\x04N."s, "pickle protocol 4"},
   };
   for (const auto& [pickle, expected] : cases) {
