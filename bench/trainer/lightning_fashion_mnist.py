@@ -11,6 +11,12 @@ epoch as Lockstep's StepLR(1, 0.5): LibTorch's StepLR does not decay on its firs
 epoch e trains at lr * gamma^max(0, e - 1) (1e-3, 1e-3, 5e-4, ...), not Python StepLR's lr * gamma^e.
 Rank 0 prints one JSON line: fit_s (wall time of trainer.fit, which also starts rank 1), steps,
 steps_per_s (steps / fit_s), val_acc (final) and per epoch, the lr each epoch trained at, versions.
+
+Checkpoints across the border (docs/user-guide.md, "Lightning checkpoints"): --checkpoint-dir DIR
+saves DIR/last.ckpt after every epoch (ModelCheckpoint(save_last=True)), --ckpt-path resumes from
+a .ckpt (Lightning's own, or one that tools/lockstep_to_lightning.py made from Lockstep's), and
+--losses-file writes one line per training step, "epoch step lr loss" with the numbers as
+float.hex(), which tests/tools/lightning_checkpoint_test.cpp compares with Lockstep's.
 """
 import argparse
 import gzip
@@ -26,6 +32,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads; Lightning k
 import pytorch_lightning as pl  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from pytorch_lightning.callbacks import ModelCheckpoint  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Dataset, DistributedSampler  # noqa: E402
 
@@ -71,6 +78,7 @@ class Classifier(pl.LightningModule):
         self.fc1, self.fc2, self.fc3 = nn.Linear(784, 512), nn.Linear(512, 256), nn.Linear(256, 10)
         self.train_set, self.val_set, self.args = train, val, args
         self.lr_per_epoch, self.val_acc_per_epoch = [], []
+        self.losses = None  # a file, with --losses-file
 
     def forward(self, x):
         return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
@@ -89,6 +97,9 @@ class Classifier(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         x, y = batch
         loss = F.cross_entropy(self(x), y)
+        if self.losses is not None:
+            lr = self.trainer.optimizers[0].param_groups[0]["lr"]
+            self.losses.write(f"{self.current_epoch} {self.global_step} {float(lr).hex()} {loss.item().hex()}\n")
         self.log("train_loss", loss, prog_bar=True, batch_size=len(y))
         return loss
 
@@ -124,6 +135,11 @@ def main():
     p.add_argument("--accelerator", default="cpu", help="cpu, or cuda (scripts/gpu-check)")
     p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--default-root-dir", default=os.getcwd())
+    p.add_argument("--limit-train-batches", type=int, default=None, help="batches per training epoch (all: none)")
+    p.add_argument("--limit-val-batches", type=int, default=None, help="batches per validation (all: none)")
+    p.add_argument("--checkpoint-dir", default=None, help="save last.ckpt here after every epoch")
+    p.add_argument("--ckpt-path", default=None, help="resume from this .ckpt")
+    p.add_argument("--losses-file", default=None, help="write each training step's epoch, step, lr and loss")
     args = p.parse_args()
     torch.set_num_threads(1)
     logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
@@ -131,13 +147,17 @@ def main():
     pl.seed_everything(args.seed, verbose=False)
     train, val = FashionMnist(args.data_dir, "train"), FashionMnist(args.data_dir, "t10k")
     model = Classifier(train, val, args)
+    callbacks = [] if args.checkpoint_dir is None else [ModelCheckpoint(dirpath=args.checkpoint_dir, save_last=True)]
     trainer = pl.Trainer(accelerator=args.accelerator, devices=args.devices,
                          strategy="ddp" if args.devices > 1 else "auto", max_epochs=args.max_epochs,
                          logger=False, enable_progress_bar=False, enable_model_summary=False,
-                         enable_checkpointing=False, use_distributed_sampler=False,
-                         default_root_dir=args.default_root_dir)
+                         enable_checkpointing=args.checkpoint_dir is not None, callbacks=callbacks,
+                         use_distributed_sampler=False, default_root_dir=args.default_root_dir,
+                         limit_train_batches=args.limit_train_batches, limit_val_batches=args.limit_val_batches)
+    if args.losses_file is not None and trainer.global_rank == 0:
+        model.losses = open(args.losses_file, "w")
     started = time.perf_counter()
-    trainer.fit(model)
+    trainer.fit(model, ckpt_path=args.ckpt_path)
     fit_s = time.perf_counter() - started
     if trainer.global_rank == 0:
         print(json.dumps({"impl": "lightning", "fit_s": fit_s, "steps": trainer.global_step,

@@ -147,6 +147,8 @@ class Trainer : public TrainerView {
   std::string last_checkpoint() const;
   /// The optimizer states of a checkpoint being resumed, after its schedulers' steps are replayed.
   void restore_optimizers(const checkpoint::Checkpoint& ckpt, const std::string& path);
+  /// A Lightning checkpoint in the layout of the Trainer's own; prints what did not carry over.
+  checkpoint::Checkpoint from_lightning(const checkpoint::Checkpoint& ckpt, const std::string& path) const;
   void run_training_epoch(DataLoader& train, DataLoader* val);
   /// The epoch's sampler order, its length and its start hooks.
   void start_training_epoch(DataLoader& train);

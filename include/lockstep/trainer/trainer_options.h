@@ -37,8 +37,14 @@ struct TrainerOptions : PlanOptionsOf<TrainerOptions> {
   TORCH_ARG(bool, deterministic) = false;
   /// Where logs and checkpoints go. Default: "." (as Lightning's current directory).
   TORCH_ARG(std::string, default_root_dir) = ".";
-  /// Checkpoint to resume from, or "last". Default: "" (start fresh).
+  /// Checkpoint to resume from, or "last": the Trainer's own, or one that PyTorch Lightning 2.x
+  /// wrote (checkpoint/lightning_checkpoint.h). Default: "" (start fresh).
   TORCH_ARG(std::string, ckpt_path) = "";
+  /// KeyMap rules for the names of a Lightning checkpoint given to ckpt_path, "FROM=TO" separated
+  /// by commas, where the one prefix rule found by matching the file's names to the module's does
+  /// not do. Refused with the Trainer's own checkpoints, whose names are the module's.
+  /// Default: "" (found).
+  TORCH_ARG(std::string, ckpt_path_rename) = "";
   /// Weights to start from, loaded into the module before fit (validate, test, predict) sets it
   /// up, as `model.load_state_dict(torch.load(path))` before Lightning's fit: a file of Python's
   /// torch.save(model.state_dict(), path), a checkpoint whose "state_dict" is taken, or a

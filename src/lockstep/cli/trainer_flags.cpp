@@ -220,7 +220,9 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
   add_seed_flag(g, o.seed());
   add(g, "--deterministic", o.deterministic(), "true|false: deterministic algorithms only");
   add(g, "--default-root-dir", o.default_root_dir(), "where logs and checkpoints go");
-  add(g, "--ckpt-path", o.ckpt_path(), "checkpoint to resume from, or 'last'");
+  add(g, "--ckpt-path", o.ckpt_path(), "checkpoint to resume from (this Trainer's or Lightning's .ckpt), or 'last'");
+  add(g, "--ckpt-path-rename", o.ckpt_path_rename(),
+      "FROM=TO,...: rename prefixes of a Lightning --ckpt-path's names (found by matching when not given)");
   add(g, "--init-weights", o.init_weights(),
       "weights to start from (Python's torch.save(model.state_dict(), path), or a .safetensors file); "
       "not a resume, see --ckpt-path");

@@ -12,6 +12,7 @@
 
 #include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/checkpoint/key_map.h>
+#include <lockstep/checkpoint/lightning_checkpoint.h>
 #include <lockstep/checkpoint/optimizer_state.h>
 #include <lockstep/checkpoint/safetensors.h>
 #include <lockstep/checkpoint/sharded_checkpoint.h>
@@ -79,6 +80,13 @@ void read_entry(const std::string& path, const char* key, const char* expected, 
                      why.substr(0, why.find('\n')) + "). It is not a checkpoint of this Trainer; pass one it " +
                      "wrote (--ckpt-path PATH, or --ckpt-path last).");
   }
+}
+
+// --ckpt-path-rename applies to a Lightning checkpoint's names; the Trainer's own are the module's.
+void check_rename_applies(const std::string& rename, const std::string& path, bool lightning) {
+  LOCKSTEP_CHECK(rename.empty() || lightning, UsageError, "--ckpt-path-rename ", rename, " renames the names of a ",
+                 "Lightning checkpoint, and --ckpt-path ", path, " is ", path == "last" ? "this Trainer's newest" :
+                 "this Trainer's own checkpoint", ", whose names are the module's. Drop --ckpt-path-rename.");
 }
 
 }  // namespace
@@ -164,16 +172,24 @@ void Trainer::record_resume(const std::string& path, const std::string& origin) 
 void Trainer::check_resume_source() {
   // Before a run folder is made or a rank launched, so that a bad path is one message, once.
   const std::string& path = options_.ckpt_path();
+  try {
+    checkpoint::KeyMap::parse(options_.ckpt_path_rename());
+  } catch (const UsageError& e) {
+    throw UsageError("--ckpt-path-rename: " + message_of(e));
+  }
   if (path.empty()) return;
   if (path != "last") {
     // A sharded directory: its metadata now, each rank's pieces in restore().
     if (checkpoint::is_sharded_checkpoint(path)) {
       checkpoint::read_sharded_metadata(path);
+      check_rename_applies(options_.ckpt_path_rename(), path, false);
       return;
     }
     early_checkpoint_ = checkpoint_io_->load(path);  // restore() uses it: one read
+    check_rename_applies(options_.ckpt_path_rename(), path, checkpoint::is_lightning_checkpoint(*early_checkpoint_));
     return;
   }
+  check_rename_applies(options_.ckpt_path_rename(), path, false);
   // "last" is looked for in restore(), beside this run's folder (a user's logger may keep its runs
   // elsewhere): a first run, or one restarted before it saved, finds none and starts afresh.
 }
@@ -247,6 +263,7 @@ bool Trainer::restore(const std::string& ckpt_path) {
                   ? *early_checkpoint_
                   : plan_.strategy->load_checkpoint(path, *checkpoint_io_, optimizer_config_.optimizers);
   early_checkpoint_.reset();
+  if (checkpoint::is_lightning_checkpoint(ckpt)) ckpt = from_lightning(ckpt, path);
   check_resumable(ckpt, path);
   read_entry(path, "state_dict", "a dict of parameter and buffer names to tensors",
              [&] { plan_.strategy->load_module_state_dict(*module_, ckpt.at("state_dict").toGenericDict()); });
@@ -279,6 +296,22 @@ bool Trainer::restore(const std::string& ckpt_path) {
     });
   }
   return true;
+}
+
+checkpoint::Checkpoint Trainer::from_lightning(const checkpoint::Checkpoint& ckpt, const std::string& path) const {
+  // A sharding strategy's state_dict holds each rank's pieces, and Lightning's file whole tensors.
+  LOCKSTEP_CHECK(!plan_.strategy->saves_pieces(), UsageError, "--ckpt-path ", path, " is a Lightning checkpoint of ",
+                 "whole tensors, and --fsdp-state-dict-type sharded restores pieces. Resume it with ",
+                 "--fsdp-state-dict-type full.");
+  std::vector<std::pair<std::string, std::vector<int64_t>>> names;
+  for (const auto& entry : plan_.strategy->module_state_dict(*module_)) {
+    names.emplace_back(entry.key(), entry.value().sizes().vec());
+  }
+  auto resume = checkpoint::from_lightning_checkpoint(ckpt, names, optimizer_config_,
+                                                      checkpoint::KeyMap::parse(options_.ckpt_path_rename()), path);
+  // One note, once: what carried over and what did not.
+  if (plan_.strategy->is_global_zero()) std::cerr << "lockstep: " << resume.note << "\n";
+  return resume.checkpoint;
 }
 
 void Trainer::restore_optimizers(const checkpoint::Checkpoint& ckpt, const std::string& path) {

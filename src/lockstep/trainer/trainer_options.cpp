@@ -21,6 +21,7 @@ void apply_trainer_variables(TrainerOptions& o, const environments::Environ& env
   v.set("deterministic", o.deterministic(), d.deterministic());
   v.set("default_root_dir", o.default_root_dir(), d.default_root_dir());
   v.set("ckpt_path", o.ckpt_path(), d.ckpt_path());
+  v.set("ckpt_path_rename", o.ckpt_path_rename(), d.ckpt_path_rename());
   v.set("init_weights", o.init_weights(), d.init_weights());
   v.set("init_weights_rename", o.init_weights_rename(), d.init_weights_rename());
   v.set("init_weights_strict", o.init_weights_strict(), d.init_weights_strict());
