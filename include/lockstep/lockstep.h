@@ -19,6 +19,7 @@
 #include <lockstep/callbacks/simple_profiler.h>
 #include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/checkpoint/key_map.h>
+#include <lockstep/checkpoint/lightning_checkpoint.h>
 #include <lockstep/checkpoint/optimizer_state.h>
 #include <lockstep/checkpoint/safetensors.h>
 #include <lockstep/checkpoint/sharded_checkpoint.h>

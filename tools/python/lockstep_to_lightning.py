@@ -15,8 +15,6 @@ import argparse
 import os
 import sys
 
-import torch
-
 
 def fail(message):
     print(f"lockstep_to_lightning: {message}", file=sys.stderr)
@@ -87,7 +85,6 @@ def convert(ckpt, rules, intervals):
         schedulers.append({"last_epoch": count, "_step_count": count + 1, "_last_lr": last_lr, "_is_initial": False,
                            "lr_lambdas": [None] * len(last_lr)})
     return {
-        "pytorch-lightning_version": lightning_version(),
         "epoch": ckpt["epoch"],
         "global_step": ckpt["global_step"],
         "state_dict": renamed(ckpt["state_dict"], rules),
@@ -108,11 +105,15 @@ def main():
                    help="the interval of each LR scheduler configure_optimizers returns, in order (default: one, "
                    "epoch); Lockstep counts the steps of each interval")
     args = p.parse_args()
+    renamed({}, args.rename)  # a bad rule fails before torch's seconds of loading
+    import torch
+
     try:
         ckpt = torch.load(args.lockstep_ckpt, map_location="cpu", weights_only=True)
     except Exception as e:  # a missing, damaged or foreign file: one message
         fail(f"cannot read {args.lockstep_ckpt}: {e}")
     converted = convert(ckpt, args.rename, args.scheduler_interval or ["epoch"])
+    converted["pytorch-lightning_version"] = lightning_version()
     temporary = f"{args.out}.tmp.{os.getpid()}"  # renamed over OUT when whole: never a half-written file
     try:
         torch.save(converted, temporary)

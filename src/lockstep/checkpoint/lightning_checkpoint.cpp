@@ -103,7 +103,7 @@ Dict module_weights(const Checkpoint& lightning, const ModuleState& module, cons
                  ". Give the rules that rename the file's names to the module's, e.g. --ckpt-path-rename model.=net. "
                  "(FROM=TO prefixes, comma-separated)");
   }
-  how = std::to_string(keys.size()) + " tensors" + (map.empty() ? "" : " (names renamed '" + map.str() + "')");
+  how = std::to_string(keys.size()) + " tensors" + (map.empty() ? "" : ", the file's names renamed by '" + map.str() + "'");
   return renamed;
 }
 
@@ -139,7 +139,10 @@ std::string lockstep_optimizer(const torch::optim::Optimizer& optimizer) {
 c10::impl::GenericList optimizer_states(const Checkpoint& lightning, const OptimizerConfig& config,
                                         const std::string& path, std::string& how) {
   const auto value = at_path(lightning, {"optimizer_states"});
-  if (!value.isList()) refuse(path, "it has no \"optimizer_states\" list");
+  if (!value.isList()) {
+    refuse(path, "it has no \"optimizer_states\" list, as ModelCheckpoint(save_weights_only=True) writes. Start "
+                 "from its weights with --init-weights " + path + " instead");
+  }
   const auto states = value.toList();
   if (states.size() != config.optimizers.size()) {
     refuse(path, "it holds " + std::to_string(states.size()) + " optimizer state(s) and configure_optimizers returns " +
