@@ -152,7 +152,7 @@ c10::impl::GenericList optimizer_states(const Checkpoint& lightning, const Optim
   for (size_t i = 0; i < states.size(); ++i) {
     const std::string theirs = python_optimizer(states.get(i)), ours = lockstep_optimizer(*config.optimizers[i]);
     const std::string which = "optimizer " + std::to_string(i);
-    if (theirs == "?" || (theirs != "SGD" && theirs != "Adam" && theirs != "AdamW")) {
+    if (theirs != "SGD" && theirs != "Adam" && theirs != "AdamW") {
       refuse(path, which + " is torch.optim." + (theirs == "?" ? std::string("(unknown)") : theirs) + ", whose state "
                    "Lockstep cannot restore (it restores SGD, Adam and AdamW). Resume this run in Lightning, or train "
                    "with one of those");
@@ -161,8 +161,8 @@ c10::impl::GenericList optimizer_states(const Checkpoint& lightning, const Optim
       refuse(path, which + " is torch.optim." + theirs + " and configure_optimizers returns " + ours + ". Return "
                    "torch::optim::" + theirs + " there, as the LightningModule did");
     }
-    const auto maximize = at_path(states.get(i), {"param_groups"}).toListRef()[0].toGenericDict();
-    if (maximize.contains("maximize") && maximize.at("maximize").isBool() && maximize.at("maximize").toBool()) {
+    const auto group = at_path(states.get(i), {"param_groups"}).toListRef()[0].toGenericDict();
+    if (group.contains("maximize") && group.at("maximize").isBool() && group.at("maximize").toBool()) {
       refuse(path, which + " has maximize=True, which torch::optim lacks. Resume this run in Lightning");
     }
     how += (i ? ", " : "") + theirs;

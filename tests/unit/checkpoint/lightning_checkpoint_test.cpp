@@ -33,6 +33,19 @@ Dict progress(const Dict& current) {
   return d;
 }
 
+// Lightning's "loops" after `batches` batches of the epoch (`last`: all of them) with the
+// epoch counts ready (and started), completed, processed.
+Dict loops_at(int64_t batches, bool last, int64_t ready, int64_t completed, int64_t processed) {
+  Dict batch_progress = progress(counts(batches, batches, batches));
+  batch_progress.insert("is_last_batch", last);
+  Dict fit = dict();
+  fit.insert("epoch_progress", progress(counts(ready, completed, processed)));
+  fit.insert("epoch_loop.batch_progress", batch_progress);
+  Dict loops = dict();
+  loops.insert("fit_loop", fit);
+  return loops;
+}
+
 // A module "net" with one Linear(3, out), its Adam and a StepLR, as the C++ side configures them.
 struct Side {
   explicit Side(int64_t out = 2) {
@@ -72,14 +85,7 @@ Checkpoint lightning_file(const Side& side) {
   c10::impl::GenericList schedulers(c10::AnyType::get());
   schedulers.push_back(scheduler);
   ckpt.insert("lr_schedulers", schedulers);
-  Dict batches = progress(counts(5, 5, 5));
-  batches.insert("is_last_batch", true);
-  Dict fit = dict();
-  fit.insert("epoch_progress", progress(counts(2, 1, 2)));
-  fit.insert("epoch_loop.batch_progress", batches);
-  Dict loops = dict();
-  loops.insert("fit_loop", fit);
-  ckpt.insert("loops", loops);
+  ckpt.insert("loops", loops_at(5, true, 2, 1, 2));
   Dict callbacks = dict();
   callbacks.insert("ModelCheckpoint{'monitor': None}", dict());
   ckpt.insert("callbacks", callbacks);
@@ -135,14 +141,7 @@ TEST(LightningCheckpoint, WeightsOptimizerSchedulersAndThePositionMapOntoTheTrai
 TEST(LightningCheckpoint, AMidEpochFileContinuesAfterTheBatchesItRan) {
   Side side;
   Checkpoint file = lightning_file(side);
-  Dict batches = progress(counts(3, 3, 3));
-  batches.insert("is_last_batch", false);
-  Dict fit = dict();
-  fit.insert("epoch_progress", progress(counts(2, 1, 1)));
-  fit.insert("epoch_loop.batch_progress", batches);
-  Dict loops = dict();
-  loops.insert("fit_loop", fit);
-  file.insert_or_assign("loops", loops);
+  file.insert_or_assign("loops", loops_at(3, false, 2, 1, 1));
   const auto resume = from_lightning_checkpoint(file, side.names(), side.config, KeyMap(), "in.ckpt");
   EXPECT_EQ(resume.checkpoint.at("loops").toGenericDict().at("next_epoch").toInt(), 1);
   EXPECT_EQ(resume.checkpoint.at("loops").toGenericDict().at("next_batch").toInt(), 3);
