@@ -14,7 +14,7 @@ steps_per_s (steps / fit_s), val_acc (final) and per epoch, the lr each epoch tr
 
 Checkpoints across the border (docs/user-guide.md, "Lightning checkpoints"): --checkpoint-dir DIR
 saves DIR/last.ckpt after every epoch (ModelCheckpoint(save_last=True)), --ckpt-path resumes from
-a .ckpt (Lightning's own, or one that tools/lockstep_to_lightning.py made from Lockstep's), and
+a .ckpt (Lightning's own, or one that tools/python/lockstep_to_lightning.py made from Lockstep's), and
 --losses-file writes one line per training step, "epoch step lr loss" with the numbers as
 float.hex(), which tests/tools/lightning_checkpoint_test.cpp compares with Lockstep's.
 """
@@ -79,6 +79,8 @@ class Classifier(pl.LightningModule):
         self.train_set, self.val_set, self.args = train, val, args
         self.lr_per_epoch, self.val_acc_per_epoch = [], []
         self.losses = None  # a file, with --losses-file
+        # As most LightningModules do: its checkpoints then hold them (an AttributeDict).
+        self.save_hyperparameters({"lr": args.lr, "lr_gamma": args.lr_gamma, "batch_size": args.batch_size})
 
     def forward(self, x):
         return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))

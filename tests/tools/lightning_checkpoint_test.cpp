@@ -134,7 +134,7 @@ TEST(LightningResume, LockstepResumesLightningsCkptAsLightningDoes) {
   ASSERT_NE(note, std::string::npos) << err;
   EXPECT_EQ(err.find("is a Lightning 2.", note + 1), std::string::npos) << err;
   for (const char* part : {"continues at epoch 1", "global step 5", "(Adam)", "Not carried over", "callbacks' state",
-                           "ModelCheckpoint", "lr_lambdas"}) {
+                           "ModelCheckpoint", "lr_lambdas", "\"hyper_parameters\" ('lr', 'lr_gamma', 'batch_size')"}) {
     EXPECT_NE(err.find(part), std::string::npos) << part << " in:\n" << err;
   }
   EXPECT_NE(ours.command.out.find("\"global_step\":15"), std::string::npos) << ours.command.out;

@@ -272,7 +272,8 @@ class Rewriter {
     if (id >= memo_.size() || memo_[id].node < 0) malformed("a memo index refers to nothing stored");
     const MemoEntry& entry = memo_[id];
     Node& n = nodes_[entry.node];
-    if (n.kind != Kind::dict_class && dropped(entry.put_at)) {
+    // A class fetched again (a second OrderedDict, or defaultdict(list)) is dropped with its call.
+    if (n.kind != Kind::dict_class && n.kind != Kind::factory && dropped(entry.put_at)) {
       // Stored inside what was dropped (an OrderedDict's attributes): written again in its place.
       if (n.kind != Kind::scalar && n.kind != Kind::none) {
         refuse("refers back into an OrderedDict's attributes (at byte " + std::to_string(op_at_) + "), which "

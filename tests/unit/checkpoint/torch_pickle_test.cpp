@@ -82,6 +82,21 @@ TEST(TorchPickle, LightningsAttributeDictAndADefaultdictAreDicts) {
   EXPECT_EQ(inner[0].toInt(), 1);
 }
 
+// Python memoizes the classes: a second defaultdict(list) fetches both from the memo.
+TEST(TorchPickle, ASecondDefaultdictOfTheSameFactoryIsADictToo) {
+  const std::string pickle = kProto + "}q\x00("s + str("a") + "ccollections\ndefaultdict\nq\x01" "c__builtin__\nlist\nq\x02"
+                             "\x85Rq\x03"s + str("b") + "h\x01h\x02\x85Rq\x04" "u."s;
+  const auto result = rewrite(pickle);
+  ASSERT_EQ(result.problem, "");
+  const auto dict = unpickle(result.pickle).toGenericDict();
+  EXPECT_EQ(dict.at("a").toGenericDict().size(), 0u);
+  EXPECT_EQ(dict.at("b").toGenericDict().size(), 0u);
+  // The memoized factory used anywhere else is still refused.
+  const std::string stray = kProto + "(ccollections\ndefaultdict\nq\x00" "c__builtin__\nlist\nq\x01\x85Rq\x02" "h\x01t."s;
+  EXPECT_NE(rewrite(stray).problem.find("other than as a defaultdict's default factory"), std::string::npos)
+      << rewrite(stray).problem;
+}
+
 TEST(TorchPickle, ABuiltinTypeOutsideADefaultdictIsRefused) {
   for (const std::string& pickle : {kProto + "]c__builtin__\nlist\na."s, kProto + "c__builtin__\nlist\n\x85."s,
                                     kProto + "ctorch\ndevice\nc__builtin__\nlist\n\x85R."s}) {
