@@ -27,9 +27,13 @@ enum class StateDictType {
   /// A directory with each rank's pieces and metadata.json (checkpoint/sharded_checkpoint.h):
   /// nothing is gathered; it resumes on any world size, and one process or DDP loads it whole.
   sharded,
+  /// The same pieces in torch.distributed.checkpoint's default format (checkpoint/dcp_checkpoint.h):
+  /// `.metadata` and one `__<rank>_0.distcp` per rank, which Python's `dcp.load` reads on any
+  /// world size (keys as get_state_dict names them: model.*, optim.*). One optimizer at most.
+  dcp,
 };
 
-/// "full" or "sharded" (case-insensitive); anything else throws UsageError listing them.
+/// "full", "sharded" or "dcp" (case-insensitive); anything else throws UsageError listing them.
 StateDictType parse_state_dict_type(const std::string& name);
 
 /// Processes, launch and collectives as every ParallelStrategy (beside DDPStrategy); each module
@@ -68,12 +72,14 @@ class FSDPStrategy : public ParallelStrategy {
   void load_module_state_dict(torch::nn::Module& module, const c10::impl::GenericDict& state, bool strict) override;
   c10::impl::GenericDict optimizer_state_dict(const torch::optim::Optimizer& optimizer) override;
   void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::impl::GenericDict& state) override;
-  bool saves_pieces() const override { return state_dict_type_ == StateDictType::sharded; }
-  /// Sharded: every rank writes its pieces into the directory `path`, rank 0 commits it (a collective).
+  bool saves_pieces() const override { return state_dict_type_ != StateDictType::full; }
+  /// Sharded and dcp: every rank writes its pieces into the directory `path`, rank 0 commits it
+  /// (a collective).
   void save_checkpoint(const checkpoint::Checkpoint& state, const std::string& path, const checkpoint::CheckpointIO& io,
                        const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers) override;
-  /// Sharded: a sharded directory gives only this rank's pieces (of the layout of this world
-  /// size, whatever the world size that saved it); a full file loads whole and is cut here.
+  /// Sharded and dcp: a sharded or DCP directory (told apart by metadata.json and .metadata) gives
+  /// only this rank's pieces (of the layout of this world size, whatever the world size that
+  /// saved it); a full file loads whole and is cut here.
   checkpoint::Checkpoint load_checkpoint(const std::string& path, const checkpoint::CheckpointIO& io,
                                          const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers) override;
 
@@ -103,6 +109,9 @@ class FSDPStrategy : public ParallelStrategy {
   distributed::FullyShardedDataParallelBase::PieceInfo locate(
       const std::string& key, const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers,
       const std::string& path) const;
+
+  /// The name of each parameter of `optimizer` (by the modules set up), for a DCP save.
+  std::vector<std::string> parameter_names(const torch::optim::Optimizer& optimizer) const;
 
   distributed::ShardingOptions options_;
   StateDictType state_dict_type_;

@@ -27,49 +27,6 @@ namespace fs = std::filesystem;
 const char* const kResumeHint =
     "Pass a checkpoint written by Lockstep (--ckpt-path PATH, or --ckpt-path last for the newest one)";
 
-// The value with every list and dict made generic (element types Any), so the pickle holds plain
-// lists and dicts instead of torch.jit._pickle.build_intlist(...) and restore_type_tag(...) calls.
-c10::IValue untyped(const c10::IValue& value) {
-  if (value.isList()) {
-    c10::impl::GenericList out(c10::AnyType::get());
-    for (const auto& item : value.toListRef()) out.push_back(untyped(item));
-    return out;
-  }
-  if (value.isGenericDict()) {
-    c10::impl::GenericDict out(c10::AnyType::get(), c10::AnyType::get());
-    for (const auto& entry : value.toGenericDict()) out.insert(untyped(entry.key()), untyped(entry.value()));
-    return out;
-  }
-  if (value.isTuple()) {
-    std::vector<c10::IValue> items;
-    for (const auto& item : value.toTupleRef().elements()) items.push_back(untyped(item));
-    return c10::ivalue::Tuple::create(std::move(items));
-  }
-  return value;
-}
-
-// torch::pickle_save's archive (archive/data.pkl, archive/data/<N> per storage, archive/version)
-// built from the same parts, but with the pickler's type tags off: torch.load(weights_only=True)
-// refuses the torch.jit._pickle globals that tags and typed lists add, and it is the default
-// from PyTorch 2.6 on.
-std::vector<char> serialize(const c10::IValue& checkpoint) {
-  std::vector<char> pickle;
-  torch::jit::Pickler pickler([&](const char* bytes, size_t size) { pickle.insert(pickle.end(), bytes, bytes + size); },
-                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
-                              /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
-  pickler.protocol();
-  pickler.pushIValue(untyped(checkpoint));
-  pickler.stop();
-  std::vector<char> archive;
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, size_t size) {
-    archive.insert(archive.end(), static_cast<const char*>(bytes), static_cast<const char*>(bytes) + size);
-    return size;
-  });
-  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
-  writer.writeEndOfFile();
-  return archive;
-}
-
 [[noreturn]] void not_a_checkpoint(const std::string& path, const std::string& why) {
   throw UsageError("'" + path + "' is not a Lockstep checkpoint: " + why + ". " + kResumeHint + ".");
 }
@@ -142,6 +99,56 @@ c10::Dict<std::string, torch::Tensor> tensors_only(const c10::IValue& checkpoint
 
 }  // namespace
 
+namespace detail {
+namespace {
+
+// The value with every list and dict made generic (element types Any), so the pickle holds plain
+// lists and dicts instead of torch.jit._pickle.build_intlist(...) and restore_type_tag(...) calls.
+c10::IValue untyped(const c10::IValue& value) {
+  if (value.isList()) {
+    c10::impl::GenericList out(c10::AnyType::get());
+    for (const auto& item : value.toListRef()) out.push_back(untyped(item));
+    return out;
+  }
+  if (value.isGenericDict()) {
+    c10::impl::GenericDict out(c10::AnyType::get(), c10::AnyType::get());
+    for (const auto& entry : value.toGenericDict()) out.insert(untyped(entry.key()), untyped(entry.value()));
+    return out;
+  }
+  if (value.isTuple()) {
+    std::vector<c10::IValue> items;
+    for (const auto& item : value.toTupleRef().elements()) items.push_back(untyped(item));
+    return c10::ivalue::Tuple::create(std::move(items));
+  }
+  return value;
+}
+
+}  // namespace
+
+// torch::pickle_save's archive (archive/data.pkl, archive/data/<N> per storage, archive/version)
+// built from the same parts, but with the pickler's type tags off: torch.load(weights_only=True)
+// refuses the torch.jit._pickle globals that tags and typed lists add, and it is the default
+// from PyTorch 2.6 on.
+std::vector<char> torch_save_bytes(const c10::IValue& checkpoint) {
+  std::vector<char> pickle;
+  torch::jit::Pickler pickler([&](const char* bytes, size_t size) { pickle.insert(pickle.end(), bytes, bytes + size); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+                              /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(untyped(checkpoint));
+  pickler.stop();
+  std::vector<char> archive;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, size_t size) {
+    archive.insert(archive.end(), static_cast<const char*>(bytes), static_cast<const char*>(bytes) + size);
+    return size;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
+  writer.writeEndOfFile();
+  return archive;
+}
+
+}  // namespace detail
+
 Checkpoint make_checkpoint() { return Checkpoint(c10::StringType::get(), c10::AnyType::get()); }
 
 void CheckpointIO::save(const c10::IValue& checkpoint, const std::string& path) const {
@@ -159,7 +166,7 @@ void CheckpointIO::save(const c10::IValue& checkpoint, const std::string& path) 
                        entry.key().type()->str() + " key. Use string keys such as \"state_dict\".");
     }
   }
-  const std::vector<char> bytes = serialize(checkpoint);
+  const std::vector<char> bytes = detail::torch_save_bytes(checkpoint);
   detail::write_atomically(path, "saving checkpoint",
                            [&](const detail::WriteBytes& write) { write(bytes.data(), bytes.size()); });
 }

@@ -20,6 +20,8 @@ std::string rank_file_name(int rank) { return "rank_" + std::to_string(rank) + "
 
 std::string rank_index_name(int rank) { return "rank_" + std::to_string(rank) + ".json"; }
 
+std::string dcp_file_name(int rank) { return "__" + std::to_string(rank) + "_0.distcp"; }
+
 fs::path checkpoint_directory(const std::string& dir, const std::string& caller) {
   LOCKSTEP_CHECK(!dir.empty(), UsageError, caller,
                  ": the checkpoint directory is empty. Pass a path such as \"checkpoints/step=100\".");

@@ -19,6 +19,11 @@ inline constexpr const char* kShardedFormat = "lockstep sharded checkpoint";
 inline constexpr int kShardedVersion = 1;
 inline constexpr const char* kShardedMetadata = "metadata.json";
 
+/// A DCP checkpoint's metadata file (torch.distributed.checkpoint.filesystem's _metadata_fn).
+inline constexpr const char* kDcpMetadata = ".metadata";
+/// "__3_0.distcp": a rank's data file in a DCP checkpoint, as FileSystemWriter names its first.
+std::string dcp_file_name(int rank);
+
 /// "rank_3.ckpt": a rank's file in a sharded checkpoint.
 std::string rank_file_name(int rank);
 /// "rank_3.json": a rank's piece index, in the temporary directory of a save only.
@@ -50,6 +55,14 @@ std::string coverage_problem(const std::vector<PieceRange>& ranks, int64_t total
 /// UsageError naming `caller`, `key` and the tensor's size unless `range` lies within [0, total).
 void check_piece_range(const std::string& caller, const std::string& key, const PieceRange& range, int64_t total,
                        const std::vector<int64_t>& shape);
+
+/// Writes `text` to a new temporary file beside `path`, fsyncs it and renames it over `path`;
+/// IoError naming the path.
+void write_text_atomically(const std::filesystem::path& path, const std::string& text);
+
+/// Moves the complete directory `tmp` to `final_dir` (commit_sharded_save's last step): one
+/// rename, or an atomic exchange with the checkpoint already there; IoError naming the path.
+void move_into_place(const std::filesystem::path& tmp, const std::filesystem::path& final_dir);
 
 /// The '/'-separated names of a piece key ("optimizer_states/0/state/3/exp_avg"); UsageError,
 /// naming `caller`, for an empty key or an empty name in it ("a//b", "/a").

@@ -45,30 +45,6 @@ std::error_code last_error() { return std::error_code(errno, std::generic_catego
                 "that the disk has free space.");
 }
 
-// Writes `text` to a new temporary file beside `path`, fsyncs it and renames it over `path`.
-void write_text_atomically(const fs::path& path, const std::string& text) {
-  std::string temp = path.string() + ".tmp.XXXXXX";
-  const int fd = ::mkostemp(temp.data(), O_CLOEXEC);
-  if (fd < 0) fail_sharded_io("creating a temporary file for", path, last_error());
-  const char* data = text.data();
-  std::size_t left = text.size();
-  int error = 0;
-  while (left > 0 && error == 0) {
-    const ssize_t n = ::write(fd, data, left);
-    if (n < 0 && errno != EINTR) error = errno;
-    if (n > 0) data += n, left -= static_cast<std::size_t>(n);
-  }
-  if (error == 0 && ::fchmod(fd, 0644) != 0) error = errno;
-  if (error == 0 && ::fsync(fd) != 0) error = errno;
-  if (::close(fd) != 0 && error == 0) error = errno;
-  if (error == 0 && ::rename(temp.c_str(), path.c_str()) != 0) error = errno;
-  if (error != 0) {
-    ::unlink(temp.c_str());
-    fail_sharded_io("writing", path, std::error_code(error, std::generic_category()));
-  }
-  sync_folder(parent_folder(path));
-}
-
 json metadata_json(const ShardedMetadata& metadata) {
   json tensors = json::object();
   for (const auto& [key, info] : metadata.tensors) {
@@ -174,6 +150,34 @@ ShardedMetadata metadata_of_shards(const fs::path& tmp, int world_size, const st
   return metadata;
 }
 
+}  // namespace
+
+namespace detail {
+
+// Writes `text` to a new temporary file beside `path`, fsyncs it and renames it over `path`.
+void write_text_atomically(const fs::path& path, const std::string& text) {
+  std::string temp = path.string() + ".tmp.XXXXXX";
+  const int fd = ::mkostemp(temp.data(), O_CLOEXEC);
+  if (fd < 0) fail_sharded_io("creating a temporary file for", path, last_error());
+  const char* data = text.data();
+  std::size_t left = text.size();
+  int error = 0;
+  while (left > 0 && error == 0) {
+    const ssize_t n = ::write(fd, data, left);
+    if (n < 0 && errno != EINTR) error = errno;
+    if (n > 0) data += n, left -= static_cast<std::size_t>(n);
+  }
+  if (error == 0 && ::fchmod(fd, 0644) != 0) error = errno;
+  if (error == 0 && ::fsync(fd) != 0) error = errno;
+  if (::close(fd) != 0 && error == 0) error = errno;
+  if (error == 0 && ::rename(temp.c_str(), path.c_str()) != 0) error = errno;
+  if (error != 0) {
+    ::unlink(temp.c_str());
+    fail_sharded_io("writing", path, std::error_code(error, std::generic_category()));
+  }
+  sync_folder(parent_folder(path));
+}
+
 // Moves the complete directory `tmp` to `final_dir`: one rename when nothing is there, else an
 // atomic exchange; where the filesystem has none, the old one goes to "<final>.old" first (and
 // begin_sharded_save puts it back if the process dies between the two renames).
@@ -210,7 +214,7 @@ void move_into_place(const fs::path& tmp, const fs::path& final_dir) {
   fs::remove_all(old, error);
 }
 
-}  // namespace
+}  // namespace detail
 
 std::string begin_sharded_save(const std::string& final_dir, int rank) {
   const fs::path dir = detail::checkpoint_directory(final_dir, "begin_sharded_save");
@@ -277,7 +281,7 @@ void write_shard(const std::string& tmp_dir, int rank, int world_size, const Sha
   CheckpointIO().save(file, (dir / detail::rank_file_name(rank)).string());
   // After the rank file: commit_sharded_save takes an index as the sign that its file is complete.
   const json rank_index = {{"rank", rank}, {"world_size", world_size}, {"pieces", index}};
-  write_text_atomically(dir / detail::rank_index_name(rank), rank_index.dump());
+  detail::write_text_atomically(dir / detail::rank_index_name(rank), rank_index.dump());
 }
 
 void commit_sharded_save(const std::string& tmp_dir, const std::string& final_dir, int world_size) {
@@ -287,11 +291,11 @@ void commit_sharded_save(const std::string& tmp_dir, const std::string& final_di
   LOCKSTEP_CHECK(world_size >= 1, UsageError, caller, ": world_size is ", world_size, "; pass the process group's.");
   const ShardedMetadata metadata =
       metadata_of_shards(tmp, world_size, caller, " The checkpoint at '" + dir.string() + "' (if any) is unchanged.");
-  write_text_atomically(tmp / detail::kShardedMetadata, metadata_json(metadata).dump(1));
+  detail::write_text_atomically(tmp / detail::kShardedMetadata, metadata_json(metadata).dump(1));
   std::error_code error;
   for (int r = 0; r < world_size; ++r) fs::remove(tmp / detail::rank_index_name(r), error);
   sync_folder(tmp);
-  move_into_place(tmp, dir);
+  detail::move_into_place(tmp, dir);
 }
 
 }  // namespace checkpoint

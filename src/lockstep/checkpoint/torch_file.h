@@ -22,6 +22,10 @@ struct TorchFile {
 /// storage, so that no tensor of a lying file reads past its bytes.
 TorchFile read_torch_file(const std::vector<char>& bytes);
 
+/// `value` as a torch.save zip archive (archive/data.pkl in protocol 2, archive/data/<N> per
+/// storage), which Python's torch.load reads with weights_only=True; lists and dicts untyped.
+std::vector<char> torch_save_bytes(const c10::IValue& value);
+
 }  // namespace detail
 }  // namespace checkpoint
 }  // namespace lockstep

@@ -143,7 +143,8 @@ void add_fsdp_flags(CLI::App& app, PlanOptions& options, bool trainer_checkpoint
                 [](FsdpFlags& f, const std::string& text) { f.reduce_dtype = low_precision_dtype("--fsdp-reduce-dtype", text); });
   if (trainer_checkpoints) {
     add_fsdp_flag(app, flags, "--fsdp-state-dict-type",
-                  "FSDP: full|sharded: checkpoints whole in one file, or each rank's pieces in a directory",
+                  "FSDP: full|sharded|dcp: checkpoints whole in one file, or each rank's pieces in a directory "
+                  "(dcp: in torch.distributed.checkpoint's format, which Python's dcp.load reads)",
                   [](FsdpFlags& f, const std::string& text) {
                     try {
                       f.state_dict_type = strategies::parse_state_dict_type(text);

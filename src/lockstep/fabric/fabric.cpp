@@ -72,7 +72,7 @@ void Fabric::launch() {
   // only rank 0's.
   LOCKSTEP_CHECK(!plan.strategy->saves_pieces(), UsageError, "Fabric::save writes whole tensors gathered from "
                  "every rank, and strategy ", plan.strategy->name(), " saves each rank's pieces (FSDPStrategy with "
-                 "StateDictType::sharded, which is for the Trainer's checkpoints). Give it StateDictType::full.");
+                 "StateDictType::sharded or dcp, which are for the Trainer's checkpoints). Give it StateDictType::full.");
   plan_ = lockstep::launch(std::move(plan));
   if (plan_->precision.scales_loss()) scaler_ = std::make_unique<GradScaler>();
 }

@@ -7,6 +7,7 @@
 
 #include <torch/optim/lbfgs.h>
 
+#include <lockstep/checkpoint/dcp_checkpoint.h>
 #include <lockstep/checkpoint/optimizer_state.h>
 #include <lockstep/checkpoint/state_dict.h>
 #include <lockstep/core/error.h>
@@ -76,8 +77,9 @@ StateDictType parse_state_dict_type(const std::string& name) {
   std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
   if (lower == "full") return StateDictType::full;
   if (lower == "sharded") return StateDictType::sharded;
-  throw UsageError("unknown state dict type '" + name + "'; use full (one file, whole tensors) or sharded (a "
-                   "directory of each rank's pieces).");
+  if (lower == "dcp") return StateDictType::dcp;
+  throw UsageError("unknown state dict type '" + name + "'; use full (one file, whole tensors), sharded (a "
+                   "directory of each rank's pieces) or dcp (the same in torch.distributed.checkpoint's format).");
 }
 
 FSDPStrategy::FSDPStrategy(distributed::ShardingOptions options, StateDictType state_dict_type, std::string name)
@@ -405,29 +407,56 @@ void FSDPStrategy::save_checkpoint(const checkpoint::Checkpoint& state, const st
       shard.common.insert(item.key(), item.value());
     }
   }
+  const bool dcp = state_dict_type_ == StateDictType::dcp;
+  const auto names = dcp && !optimizers.empty() ? parameter_names(*optimizers.front()) : std::vector<std::string>{};
   const auto tmp = checkpoint::begin_sharded_save(path, rank);
   barrier("sharded checkpoint: begin");
-  checkpoint::write_shard(tmp, rank, world_size(), shard);
+  if (dcp) {
+    checkpoint::write_dcp_shard(tmp, rank, world_size(), shard, names);
+  } else {
+    checkpoint::write_shard(tmp, rank, world_size(), shard);
+  }
   barrier("sharded checkpoint: rank files written");
-  if (rank == 0) checkpoint::commit_sharded_save(tmp, path, world_size());
+  if (rank == 0 && dcp) checkpoint::commit_dcp_save(tmp, path, world_size());
+  if (rank == 0 && !dcp) checkpoint::commit_sharded_save(tmp, path, world_size());
+}
+
+std::vector<std::string> FSDPStrategy::parameter_names(const torch::optim::Optimizer& optimizer) const {
+  std::unordered_map<const c10::TensorImpl*, std::string> name_of;
+  for (const auto& fsdp : all_) {
+    for (const auto& item : fsdp->base_module()->named_parameters()) {
+      name_of.emplace(item.value().unsafeGetTensorImpl(), item.key());
+    }
+  }
+  std::vector<std::string> names;
+  for (const auto& p : parameters_of(optimizer)) {
+    const auto it = name_of.find(p.unsafeGetTensorImpl());
+    LOCKSTEP_CHECK(it != name_of.end(), UsageError, "a DCP checkpoint names optimizer state by parameter, and the "
+                   "optimizer holds a parameter of no module set up with --strategy ", name(),
+                   ". Give the optimizer the module's parameters.");
+    names.push_back(it->second);
+  }
+  return names;
 }
 
 checkpoint::Checkpoint FSDPStrategy::load_checkpoint(
     const std::string& path, const checkpoint::CheckpointIO& io,
     const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers) {
-  if (!saves_pieces() || !checkpoint::is_sharded_checkpoint(path)) {
+  const bool dcp = checkpoint::is_dcp_checkpoint(path);
+  if (!saves_pieces() || (!dcp && !checkpoint::is_sharded_checkpoint(path))) {
     return Strategy::load_checkpoint(path, io, optimizers);  // the hooks cut whole tensors
   }
   // Only this rank's pieces, in this world size's layout: resharding when the saver's differs.
   std::map<std::string, checkpoint::PieceRange> wanted;
-  for (const auto& item : checkpoint::read_sharded_metadata(path).tensors) {
+  const auto saved = dcp ? checkpoint::read_dcp_tensors(path) : checkpoint::read_sharded_metadata(path).tensors;
+  for (const auto& item : saved) {
     const auto info = locate(item.first, optimizers, path);
     LOCKSTEP_CHECK(item.second.shape == info.shape, UsageError, "checkpoint '", path, "': '", item.first, "' is ",
                    shape_text(item.second.shape), " there and ", shape_text(info.shape),
                    " in this run. Resume with the model that saved it.");
     wanted[item.first] = {info.begin, info.numel};
   }
-  auto mine = checkpoint::load_sharded_pieces(path, wanted);
+  auto mine = dcp ? checkpoint::load_dcp_pieces(path, wanted) : checkpoint::load_sharded_pieces(path, wanted);
   std::map<std::string, torch::Tensor> tensors;
   for (auto& item : mine.pieces) tensors[item.first] = item.second.values;
   return checkpoint::to_full_checkpoint(mine.common, tensors);

@@ -2,6 +2,7 @@
 
 #include <torch/nn/utils/clip_grad.h>
 
+#include <lockstep/checkpoint/dcp_checkpoint.h>
 #include <lockstep/checkpoint/optimizer_state.h>
 #include <lockstep/checkpoint/sharded_checkpoint.h>
 #include <lockstep/checkpoint/state_dict.h>
@@ -22,6 +23,7 @@ checkpoint::Checkpoint Strategy::load_checkpoint(const std::string& path, const 
                                                  const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers) {
   // A sharded directory (from --strategy fsdp) loads whole here: one process and DDP resume from it.
   if (checkpoint::is_sharded_checkpoint(path)) return checkpoint::to_full_checkpoint(checkpoint::load_sharded(path));
+  if (checkpoint::is_dcp_checkpoint(path)) return checkpoint::to_full_checkpoint(checkpoint::load_dcp(path));
   return io.load(path);
 }
 

@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include <lockstep/checkpoint/checkpoint_io.h>
+#include <lockstep/checkpoint/dcp_checkpoint.h>
 #include <lockstep/checkpoint/key_map.h>
 #include <lockstep/checkpoint/lightning_checkpoint.h>
 #include <lockstep/checkpoint/optimizer_state.h>
@@ -183,6 +184,10 @@ void Trainer::check_resume_source() {
     if (checkpoint::is_sharded_checkpoint(path)) {
       checkpoint::read_sharded_metadata(path);
       check_rename_applies(options_.ckpt_path_rename(), path, false);
+      return;
+    }
+    if (checkpoint::is_dcp_checkpoint(path)) {  // a DCP folder, read as the sharded one
+      checkpoint::read_dcp_tensors(path);
       return;
     }
     early_checkpoint_ = checkpoint_io_->load(path);  // restore() uses it: one read

@@ -1,0 +1,236 @@
+// Writing DCP's `.metadata` pickle (dcp_metadata.h): protocol 2, each dataclass built as Python's
+// pickle builds one (the class, NEWOBJ with no arguments, BUILD with its fields), the classes
+// memoised once.
+
+#include "dcp_metadata.h"
+
+#include <cstring>
+
+#include <lockstep/core/error.h>
+
+namespace lockstep {
+namespace checkpoint {
+namespace detail {
+namespace {
+
+constexpr const char* kMetadataModule = "torch.distributed.checkpoint.metadata";
+
+// Python's name of a dtype in the torch module ("float32").
+std::string python_dtype(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::kFloat: return "float32";
+    case c10::kDouble: return "float64";
+    case c10::kHalf: return "float16";
+    case c10::kBFloat16: return "bfloat16";
+    case c10::kChar: return "int8";
+    case c10::kByte: return "uint8";
+    case c10::kShort: return "int16";
+    case c10::kInt: return "int32";
+    case c10::kLong: return "int64";
+    case c10::kBool: return "bool";
+    case c10::kComplexFloat: return "complex64";
+    case c10::kComplexDouble: return "complex128";
+    default: throw UsageError(std::string("a DCP checkpoint cannot hold a tensor of dtype ") + c10::toString(dtype));
+  }
+}
+
+class Pickler {
+ public:
+  std::string out;
+
+  void op(char c) { out.push_back(c); }
+  void le(uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  }
+  void integer(int64_t v) {
+    if (v >= 0 && v < 256) {
+      op('K');
+      le(static_cast<uint64_t>(v), 1);
+    } else if (v >= INT32_MIN && v <= INT32_MAX) {
+      op('J');
+      le(static_cast<uint64_t>(static_cast<uint32_t>(static_cast<int32_t>(v))), 4);
+    } else {
+      op('\x8a');  // LONG1, 8 bytes two's complement
+      le(8, 1);
+      le(static_cast<uint64_t>(v), 8);
+    }
+  }
+  void string(const std::string& s) {
+    op('X');  // BINUNICODE
+    le(s.size(), 4);
+    out += s;
+  }
+  void none() { op('N'); }
+  void boolean(bool b) { op(b ? '\x88' : '\x89'); }
+  void mark() { op('('); }
+  // A global, memoised on first use.
+  void global(const std::string& module, const std::string& name) {
+    const std::string key = module + "\n" + name + "\n";
+    const auto it = memo_.find(key);
+    if (it != memo_.end()) {
+      op('j');  // LONG_BINGET
+      le(it->second, 4);
+      return;
+    }
+    op('c');
+    out += key;
+    op('r');  // LONG_BINPUT
+    le(memo_.size(), 4);
+    memo_.emplace(key, static_cast<uint32_t>(memo_.size()));
+  }
+  // cls() with no arguments, as NEWOBJ does; BUILD follows with its state.
+  void new_object(const std::string& module, const std::string& name) {
+    global(module, name);
+    op(')');
+    op('\x81');
+  }
+  void tuple(const std::vector<int64_t>& values) {
+    mark();
+    for (int64_t v : values) integer(v);
+    op('t');
+  }
+  void size(const std::vector<int64_t>& values) {  // torch.Size((...))
+    global("torch", "Size");
+    tuple(values);
+    op('\x85');  // TUPLE1
+    op('R');
+  }
+
+ private:
+  std::map<std::string, uint32_t> memo_;
+};
+
+// TensorProperties' __setstate__ takes (dtype, layout, requires_grad, memory format, pin_memory).
+void tensor_properties(Pickler& p, c10::ScalarType dtype) {
+  p.new_object(kMetadataModule, "TensorProperties");
+  p.mark();
+  p.global("torch", python_dtype(dtype));
+  p.global("torch.serialization", "_get_layout");
+  p.string("torch.strided");
+  p.op('\x85');
+  p.op('R');
+  p.boolean(false);
+  p.global(kMetadataModule, "_MEM_FORMAT_ENCODING");
+  p.integer(0);  // TORCH_CONTIGUOUS_FORMAT
+  p.op('\x85');
+  p.op('R');
+  p.boolean(false);
+  p.op('t');
+  p.op('b');
+}
+
+void item(Pickler& p, const DcpItem& item) {
+  if (!item.is_tensor) {
+    p.new_object(kMetadataModule, "BytesStorageMetadata");
+    return;
+  }
+  p.new_object(kMetadataModule, "TensorStorageMetadata");
+  p.op('}');
+  p.mark();
+  p.string("properties");
+  tensor_properties(p, item.dtype);
+  p.string("size");
+  p.size(item.size);
+  p.string("chunks");
+  p.op(']');
+  p.mark();
+  for (const auto& chunk : item.chunks) {
+    p.new_object(kMetadataModule, "ChunkStorageMetadata");
+    p.op('}');
+    p.mark();
+    p.string("offsets");
+    p.size(chunk.offsets);
+    p.string("sizes");
+    p.size(chunk.sizes);
+    p.op('u');
+    p.op('b');
+  }
+  p.op('e');  // APPENDS
+  p.op('u');
+  p.op('b');
+}
+
+// MetadataIndex(fqn, offset, index) and _StorageInfo(relative_path, offset, length), by their
+// fields as Python pickles them (index None: only a lookup hint).
+void storage(Pickler& p, const DcpStorage& s) {
+  p.new_object(kMetadataModule, "MetadataIndex");
+  p.op('}');
+  p.mark();
+  p.string("fqn");
+  p.string(s.fqn);
+  if (s.has_offsets) {
+    p.string("offset");
+    p.size(s.chunk_offsets);
+  }
+  p.string("index");
+  p.none();
+  p.op('u');
+  p.op('b');
+  p.new_object("torch.distributed.checkpoint.filesystem", "_StorageInfo");
+  p.op('}');
+  p.mark();
+  p.string("relative_path");
+  p.string(s.relative_path);
+  p.string("offset");
+  p.integer(s.offset);
+  p.string("length");
+  p.integer(s.length);
+  p.op('u');
+  p.op('b');
+}
+
+void planner_path(Pickler& p, const DcpPath& path) {
+  p.mark();
+  for (const auto& part : path) {
+    if (const auto* s = std::get_if<std::string>(&part)) {
+      p.string(*s);
+    } else {
+      p.integer(std::get<int64_t>(part));
+    }
+  }
+  p.op('t');
+}
+
+}  // namespace
+
+std::string write_dcp_metadata(const DcpMetadata& metadata) {
+  Pickler p;
+  p.op('\x80');
+  p.le(2, 1);
+  p.new_object(kMetadataModule, "Metadata");
+  p.op('}');
+  p.mark();
+  p.string("state_dict_metadata");
+  p.op('}');
+  p.mark();
+  for (const auto& [fqn, entry] : metadata.items) {
+    p.string(fqn);
+    item(p, entry);
+  }
+  p.op('u');
+  p.string("planner_data");
+  p.op('}');
+  p.mark();
+  for (const auto& [fqn, path] : metadata.planner_data) {
+    p.string(fqn);
+    planner_path(p, path);
+  }
+  p.op('u');
+  p.string("storage_data");
+  p.op('}');
+  p.mark();
+  for (const auto& s : metadata.storage) storage(p, s);
+  p.op('u');
+  p.string("storage_meta");
+  p.none();
+  p.string("version");
+  p.string(metadata.version);
+  p.op('u');
+  p.op('b');
+  p.op('.');
+  return p.out;
+}
+
+}  // namespace detail
+}  // namespace checkpoint
+}  // namespace lockstep
