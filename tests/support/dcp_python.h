@@ -36,3 +36,10 @@ inline std::string dcp_python(std::string* tried = nullptr) {
 
 }  // namespace testing
 }  // namespace lockstep
+
+/// In a test body: declares `python`, DCP's Python peer, or skips the test naming what it tried.
+#define LOCKSTEP_REQUIRE_DCP_PYTHON(python)                                                          \
+  std::string python##_tried;                                                                        \
+  const std::string python = ::lockstep::testing::dcp_python(&python##_tried);                       \
+  if (python.empty()) GTEST_SKIP() << "no Python with torch.distributed.checkpoint and FSDP2 (tried " \
+                                   << python##_tried << ")"

@@ -14,9 +14,11 @@
 #include <torch/torch.h>
 
 #include <lockstep/checkpoint/checkpoint_io.h>
+#include <lockstep/checkpoint/dcp_checkpoint.h>
 #include <lockstep/checkpoint/sharded_checkpoint.h>
 
 #include "../support/command.h"
+#include "../support/dcp_python.h"
 #include "../support/paths.h"
 #include "../support/temp_dir.h"
 #include "../support/written_parameters.h"
@@ -43,7 +45,8 @@ std::map<std::string, torch::Tensor> tensors_in(const std::string& path, const s
   }
   const auto ckpt = checkpoint::is_sharded_checkpoint(path)
                         ? checkpoint::to_full_checkpoint(checkpoint::load_sharded(path))
-                        : checkpoint::CheckpointIO().load(path);
+                        : checkpoint::is_dcp_checkpoint(path) ? checkpoint::to_full_checkpoint(checkpoint::load_dcp(path))
+                                                              : checkpoint::CheckpointIO().load(path);
   for (const auto& entry : ckpt.at("state_dict").toGenericDict()) {
     std::string name = entry.key().toStringRef();
     if (name.rfind("net.", 0) == 0) name = name.substr(4);
@@ -80,6 +83,27 @@ std::string fashion_mnist(const std::string& root, const std::vector<std::string
   const auto result = run_command(argv, kEnv, std::chrono::seconds(120));
   EXPECT_EQ(result.exit_code, 0) << result.err << result.out;
   return last_checkpoint(root);
+}
+
+// On 2 FSDP ranks saving with --fsdp-state-dict-type `type`: a run of `epochs` epochs, and one of 1
+// epoch resumed from its last checkpoint to `epochs`, end bit for bit alike (parameters and Adam's
+// moments). Returns the uninterrupted run's last checkpoint.
+std::string expect_resume_bit_for_bit(const testing::TempDir& dir, const std::string& type, const std::string& epochs) {
+  const std::vector<std::string> flags{"--model", "mlp", "--batch-size", "32", "--devices", "2", "--strategy", "fsdp",
+                                       "--fsdp-state-dict-type", type, "--limit-train-batches", "5"};
+  auto whole = flags;
+  whole.insert(whole.end(), {"--max-epochs", epochs});
+  const auto uninterrupted_path = fashion_mnist(dir / "whole", whole);
+  const auto uninterrupted = tensors_in(uninterrupted_path, "optimizer_states");
+  auto half = flags;
+  half.insert(half.end(), {"--max-epochs", "1"});
+  const auto halfway = tensors_in(fashion_mnist(dir / "parts", half), "optimizer_states");
+  auto rest = flags;
+  rest.insert(rest.end(), {"--max-epochs", epochs, "--ckpt-path", "last"});
+  const auto resumed = tensors_in(fashion_mnist(dir / "parts", rest), "optimizer_states");
+  EXPECT_GT(max_diff(halfway, resumed), 1e-4) << "the resumed run must have trained on";
+  EXPECT_EQ(max_diff(uninterrupted, resumed), 0.0);
+  return uninterrupted_path;
 }
 
 class FsdpTrainer : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
@@ -187,28 +211,44 @@ TEST(FsdpTrainerSteps, TheCheckpointResumesUnderFsdpAndInOneProcess) {
 // on the same world size is bit for bit the uninterrupted run (parameters and Adam's moments).
 TEST(FsdpShardedCheckpoint, ResumesOnTwoRanksBitForBit) {
   testing::TempDir dir("lockstep_fsdp_sharded_resume");
-  const std::vector<std::string> flags{"--model", "mlp", "--batch-size", "32", "--devices", "2", "--strategy", "fsdp",
-                                       "--fsdp-state-dict-type", "sharded", "--limit-train-batches", "5"};
-  auto whole = flags;
-  whole.insert(whole.end(), {"--max-epochs", "3"});
-  const auto uninterrupted_path = fashion_mnist(dir / "whole", whole);
+  const auto uninterrupted_path = expect_resume_bit_for_bit(dir, "sharded", "3");
   EXPECT_TRUE(checkpoint::is_sharded_checkpoint(uninterrupted_path)) << uninterrupted_path;
   EXPECT_TRUE(std::filesystem::exists(uninterrupted_path + "/rank_1.ckpt"));
-  const auto uninterrupted = tensors_in(uninterrupted_path, "optimizer_states");
-  auto half = flags;
-  half.insert(half.end(), {"--max-epochs", "1"});
-  const auto halfway = tensors_in(fashion_mnist(dir / "parts", half), "optimizer_states");
-  auto rest = flags;
-  rest.insert(rest.end(), {"--max-epochs", "3", "--ckpt-path", "last"});
-  const auto resumed = tensors_in(fashion_mnist(dir / "parts", rest), "optimizer_states");
-  EXPECT_GT(max_diff(halfway, resumed), 1e-4) << "the resumed run must have trained on";
-  EXPECT_EQ(max_diff(uninterrupted, resumed), 0.0);
   // ModelCheckpoint keeps one top-k checkpoint: the directories it replaced are gone.
   size_t kept = 0;
   for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(uninterrupted_path).parent_path())) {
     kept += entry.path().filename() != "last.ckpt";
   }
   EXPECT_EQ(kept, 1u);
+}
+
+// --fsdp-state-dict-type dcp: the Trainer's checkpoints are DCP folders; resuming from one on 2
+// ranks is bit for bit the uninterrupted run, and Python's dcp_to_torch_save (which unflattens by
+// the folder's planner_data) reads the whole checkpoint, the parameters equal to Lockstep's.
+TEST(FsdpDcpCheckpoint, ResumesOnTwoRanksBitForBitAndPythonReadsIt) {
+  testing::TempDir dir("lockstep_fsdp_dcp_resume");
+  const auto uninterrupted_path = expect_resume_bit_for_bit(dir, "dcp", "2");
+  ASSERT_TRUE(checkpoint::is_dcp_checkpoint(uninterrupted_path)) << uninterrupted_path;
+  EXPECT_TRUE(std::filesystem::exists(uninterrupted_path + "/__1_0.distcp"));
+  const auto uninterrupted = tensors_in(uninterrupted_path, "optimizer_states");
+
+  LOCKSTEP_REQUIRE_DCP_PYTHON(python);
+  const auto converted = run_command(
+      {python, "-c",
+       "import sys, torch\n"
+       "from torch.distributed.checkpoint.format_utils import dcp_to_torch_save\n"
+       "dcp_to_torch_save(sys.argv[1], sys.argv[2])\n"
+       "c = torch.load(sys.argv[2], weights_only=False)\n"
+       "print(c['epoch'], sorted(c['optim']['state'])[0], tuple(c['model']['net.fc1.weight'].shape))\n",
+       uninterrupted_path, dir / "whole.pt"},
+      kEnv, std::chrono::seconds(120));
+  ASSERT_EQ(converted.exit_code, 0) << converted.err;
+  EXPECT_EQ(converted.out.substr(0, 2), "1 ") << converted.out;
+  const auto in_python = checkpoint::CheckpointIO().load(dir / "whole.pt").at("model").toGenericDict();
+  for (const auto& entry : in_python) {
+    const auto name = entry.key().toStringRef().substr(4);  // without "net."
+    EXPECT_TRUE(entry.value().toTensor().equal(uninterrupted.at(name))) << name;
+  }
 }
 
 // The directory of 2 ranks resumes on 4 ranks (each reads its pieces of the new layout) and in one

@@ -41,7 +41,8 @@ StateDictType parse_state_dict_type(const std::string& name);
 /// and accumulate in the shards, so accumulating batches still communicate (there is no
 /// set_gradient_sync(false) to skip it, as in PyTorch's FSDP without no_sync). Checkpoints
 /// (StateDictType): whole tensors gathered from every rank, which load in Python, in one process
-/// and in DDP (default); or sharded directories, each rank writing its pieces. Either resumes.
+/// and in DDP (default); or sharded directories, each rank writing its pieces, in Lockstep's
+/// format or DCP's (which Python's torch.distributed.checkpoint reads). Each resumes.
 ///
 ///   trainer.set_strategy(std::make_shared<strategies::FSDPStrategy>(
 ///       distributed::ShardingOptions().sharding_strategy(distributed::ShardingStrategy::shard_grad_op)

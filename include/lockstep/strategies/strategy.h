@@ -111,7 +111,7 @@ class Strategy {
   /// Loads a state from optimizer_state_dict() (also one saved by another strategy).
   virtual void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::impl::GenericDict& state);
   /// Whether module_state_dict and optimizer_state_dict give this rank's pieces, which only
-  /// save_checkpoint can write (FSDP with state_dict_type sharded); false: whole tensors.
+  /// save_checkpoint can write (FSDP with state_dict_type sharded or dcp); false: whole tensors.
   virtual bool saves_pieces() const { return false; }
   /// Writes the module's weights (parameters and buffers, whole) as safetensors at `path`, on
   /// every rank (a collective), keeping the tensors `keep` accepts (all when empty):
@@ -129,8 +129,8 @@ class Strategy {
   virtual void save_checkpoint(const checkpoint::Checkpoint& state, const std::string& path,
                                const checkpoint::CheckpointIO& io,
                                const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers);
-  /// Reads the checkpoint at `path` for the load hooks above: a file with `io`, or a sharded
-  /// checkpoint directory (of any world size) put back together whole. Throws UsageError naming
+  /// Reads the checkpoint at `path` for the load hooks above: a file with `io`, or a sharded or
+  /// DCP checkpoint directory (of any world size) put back together whole. Throws UsageError naming
   /// the path for a missing or damaged one.
   virtual checkpoint::Checkpoint load_checkpoint(const std::string& path, const checkpoint::CheckpointIO& io,
                                                  const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers);

@@ -107,16 +107,35 @@ void map_keys(DcpFolder& folder) {
   }
 }
 
+// The nested path a bytes item or tensor was flattened from: planner_data's, else read from its
+// name ("optim.param_groups.0.lr", "optim.state.0.weight.step", "epoch").
+detail::DcpPath path_of(const DcpFolder& folder, const std::string& fqn) {
+  const auto it = folder.metadata.planner_data.find(fqn);
+  if (it != folder.metadata.planner_data.end()) return it->second;
+  const std::string groups = "optim.param_groups.", state = "optim.state.";
+  const auto dot = fqn.rfind('.');
+  if (fqn.rfind(groups, 0) == 0 && dot > groups.size()) {
+    try {
+      return {"optim", "param_groups", int64_t{std::stoll(fqn.substr(groups.size()))}, fqn.substr(dot + 1)};
+    } catch (const std::logic_error&) {
+    }
+  }
+  if (fqn.rfind(state, 0) == 0 && dot > state.size()) {
+    return {"optim", "state", fqn.substr(state.size(), dot - state.size()), fqn.substr(dot + 1)};
+  }
+  return {fqn};
+}
+
 // Parameter fqn -> index k, from the "params" lists of optim.param_groups (as Python numbers them).
 void read_parameter_names(DcpFolder& folder) {
   std::map<int64_t, std::vector<std::string>> groups;
   for (const auto& [fqn, storage] : folder.bytes) {
-    const auto path = folder.metadata.planner_data.find(fqn);
-    const bool is_params = path != folder.metadata.planner_data.end() && path->second.size() == 4 &&
-                           path->second[1] == detail::DcpPath::value_type("param_groups") &&
-                           path->second[3] == detail::DcpPath::value_type("params");
+    const auto path = path_of(folder, fqn);
+    const bool is_params = path.size() == 4 && path[0] == detail::DcpPath::value_type("optim") &&
+                           path[1] == detail::DcpPath::value_type("param_groups") &&
+                           path[3] == detail::DcpPath::value_type("params");
     if (!is_params) continue;
-    const auto* g = std::get_if<int64_t>(&path->second[2]);
+    const auto* g = std::get_if<int64_t>(&path[2]);
     const auto value = read_record(folder, storage);
     if (!g || !value.isList()) refuse(folder.dir, "'" + fqn + "' is not a list of parameter names");
     for (const auto& name : value.toListRef()) {
@@ -244,25 +263,6 @@ at::Tensor read_piece(const DcpFolder& folder, const std::string& fqn, const Pie
     copy_chunk(value.toTensor(), chunk, item.size, range.begin, out);
   }
   return out;
-}
-
-// The nested path a bytes item or tensor was flattened from: planner_data's, else read from its
-// name ("optim.param_groups.0.lr", "optim.state.0.weight.step", "epoch").
-detail::DcpPath path_of(const DcpFolder& folder, const std::string& fqn) {
-  const auto it = folder.metadata.planner_data.find(fqn);
-  if (it != folder.metadata.planner_data.end()) return it->second;
-  const std::string groups = "optim.param_groups.", state = "optim.state.";
-  const auto dot = fqn.rfind('.');
-  if (fqn.rfind(groups, 0) == 0 && dot > groups.size()) {
-    try {
-      return {"optim", "param_groups", int64_t{std::stoll(fqn.substr(groups.size()))}, fqn.substr(dot + 1)};
-    } catch (const std::logic_error&) {
-    }
-  }
-  if (fqn.rfind(state, 0) == 0 && dot > state.size()) {
-    return {"optim", "state", fqn.substr(state.size(), dot - state.size()), fqn.substr(dot + 1)};
-  }
-  return {fqn};
 }
 
 // Optimizer 0's dict in Lockstep's layout, filled as the scalar state and param_groups are read.

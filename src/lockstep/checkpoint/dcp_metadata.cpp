@@ -10,20 +10,14 @@
 
 #include <lockstep/core/error.h>
 
+#include "pickle_opcodes.h"
+
 namespace lockstep {
 namespace checkpoint {
 namespace detail {
 namespace {
 
-// Opcodes of pickle protocols 2 to 5 that a Metadata pickle uses (Python's Lib/pickle.py names).
-enum Op : unsigned char {
-  MARK = '(', STOP = '.', BININT = 'J', BININT1 = 'K', BININT2 = 'M', NONE = 'N', REDUCE = 'R',
-  BINUNICODE = 'X', APPEND = 'a', BUILD = 'b', GLOBAL = 'c', EMPTY_DICT = '}', APPENDS = 'e', BINGET = 'h',
-  LONG_BINGET = 'j', EMPTY_LIST = ']', BINPUT = 'q', LONG_BINPUT = 'r', SETITEM = 's', TUPLE = 't',
-  EMPTY_TUPLE = ')', SETITEMS = 'u', BINFLOAT = 'G', PROTO = 0x80, NEWOBJ = 0x81, TUPLE1 = 0x85, TUPLE2 = 0x86,
-  TUPLE3 = 0x87, NEWTRUE = 0x88, NEWFALSE = 0x89, LONG1 = 0x8a, SHORT_BINUNICODE = 0x8c, BINUNICODE8 = 0x8d,
-  STACK_GLOBAL = 0x93, MEMOIZE = 0x94, FRAME = 0x95,
-};
+using namespace pickle;  // the opcodes
 
 constexpr uint64_t kMaxString = uint64_t{1} << 26;
 
@@ -97,6 +91,16 @@ class Refusal : public std::runtime_error {
 class Machine {
  public:
   Machine(const char* data, std::size_t size) : data_(reinterpret_cast<const unsigned char*>(data)), size_(size) {}
+  // A pickle can put a container inside itself: the references are cut so that none leaks.
+  ~Machine() {
+    for (const auto& v : seen_) {
+      v->items.clear();
+      v->entries.clear();
+      v->state.reset();
+    }
+  }
+  Machine(const Machine&) = delete;
+  Machine& operator=(const Machine&) = delete;
 
   Ref run() {
     while (!stopped_) step();
@@ -127,6 +131,10 @@ class Machine {
     return std::string(reinterpret_cast<const char*>(p), n);
   }
 
+  void push(Ref v) {
+    seen_.push_back(v);
+    stack_.push_back(std::move(v));
+  }
   Ref pop() {
     if (stack_.empty() || (!marks_.empty() && marks_.back() == stack_.size())) fail("an opcode takes a missing value");
     Ref v = stack_.back();
@@ -147,23 +155,23 @@ class Machine {
   void push_int(int64_t v) {
     auto r = make(Kind::integer);
     r->integer = v;
-    stack_.push_back(r);
+    push(r);
   }
   void push_string(std::string s) {
     auto r = make(Kind::string);
     r->text = std::move(s);
-    stack_.push_back(r);
+    push(r);
   }
   void push_tuple(std::vector<Ref> items) {
     auto r = make(Kind::tuple);
     r->items = std::move(items);
-    stack_.push_back(r);
+    push(r);
   }
   void memo_put(uint64_t index) { memo_[index] = top(); }
   void memo_get(uint64_t index) {
     const auto it = memo_.find(index);
     if (it == memo_.end()) fail("it reads memo entry " + std::to_string(index) + ", which was never stored");
-    stack_.push_back(it->second);
+    push(it->second);
   }
 
   void step();
@@ -182,6 +190,7 @@ class Machine {
   std::vector<Ref> stack_;
   std::vector<std::size_t> marks_;
   std::unordered_map<uint64_t, Ref> memo_;
+  std::vector<Ref> seen_;  // every value pushed
 };
 
 void Machine::push_global(const std::string& module, const std::string& name) {
@@ -190,7 +199,7 @@ void Machine::push_global(const std::string& module, const std::string& name) {
     fail("it names the global " + module + "." + name +
          ", which a torch.distributed.checkpoint Metadata does not hold (Lockstep runs no other Python code)");
   }
-  stack_.push_back(v);
+  push(v);
 }
 
 // callable(args): torch.Size -> a tuple of ints, _get_layout and _MEM_FORMAT_ENCODING -> what they
@@ -204,7 +213,7 @@ void Machine::reduce() {
     for (const auto& item : args->items[0]->items) {
       if (item->kind != Kind::integer) fail("torch.Size holds something other than integers");
     }
-    stack_.push_back(args->items[0]);
+    push(args->items[0]);
     return;
   }
   if (callable->text.rfind("pathlib.", 0) == 0) {
@@ -217,7 +226,7 @@ void Machine::reduce() {
     return;
   }
   if (args->items.size() != 1) fail(callable->text + " takes one argument");
-  stack_.push_back(args->items[0]);
+  push(args->items[0]);
 }
 
 void Machine::new_object() {
@@ -228,7 +237,7 @@ void Machine::new_object() {
   }
   auto object = make(Kind::object);
   object->text = cls->text;
-  stack_.push_back(object);
+  push(object);
 }
 
 void Machine::build() {
@@ -240,8 +249,8 @@ void Machine::build() {
 
 void Machine::step_container(unsigned char op) {
   switch (op) {
-    case EMPTY_DICT: stack_.push_back(make(Kind::dict)); return;
-    case EMPTY_LIST: stack_.push_back(make(Kind::list)); return;
+    case EMPTY_DICT: push(make(Kind::dict)); return;
+    case EMPTY_LIST: push(make(Kind::list)); return;
     case EMPTY_TUPLE: push_tuple({}); return;
     case TUPLE: push_tuple(pop_mark()); return;
     case TUPLE1: case TUPLE2: case TUPLE3: {
@@ -283,11 +292,11 @@ void Machine::step_container(unsigned char op) {
 // The opcodes that push a scalar; false for another.
 bool Machine::step_scalar(unsigned char op) {
   switch (op) {
-    case NONE: stack_.push_back(make(Kind::none)); return true;
+    case NONE: push(make(Kind::none)); return true;
     case NEWTRUE: case NEWFALSE: {
       auto v = make(Kind::boolean);
       v->integer = op == NEWTRUE;
-      stack_.push_back(v);
+      push(v);
       return true;
     }
     case BININT: push_int(static_cast<int32_t>(unsigned_le(4))); return true;
@@ -307,7 +316,7 @@ bool Machine::step_scalar(unsigned char op) {
       for (int i = 0; i < 8; ++i) bits = (bits << 8) | p[i];
       auto v = make(Kind::floating);
       std::memcpy(&v->floating, &bits, sizeof bits);
-      stack_.push_back(v);
+      push(v);
       return true;
     }
     case SHORT_BINUNICODE: push_string(text(unsigned_le(1))); return true;
@@ -490,7 +499,8 @@ DcpMetadata metadata_of(const Ref& root) {
 DcpMetadataRead parse_dcp_metadata(const char* data, std::size_t size) {
   DcpMetadataRead read;
   try {
-    read.metadata = metadata_of(Machine(data, size).run());
+    Machine machine(data, size);
+    read.metadata = metadata_of(machine.run());
   } catch (const Refusal& e) {
     read.problem = e.what();
   }

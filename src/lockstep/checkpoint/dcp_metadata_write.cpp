@@ -8,10 +8,14 @@
 
 #include <lockstep/core/error.h>
 
+#include "pickle_opcodes.h"
+
 namespace lockstep {
 namespace checkpoint {
 namespace detail {
 namespace {
+
+using namespace pickle;  // the opcodes
 
 constexpr const char* kMetadataModule = "torch.distributed.checkpoint.metadata";
 
@@ -38,62 +42,62 @@ class Pickler {
  public:
   std::string out;
 
-  void op(char c) { out.push_back(c); }
+  void op(Op c) { out.push_back(static_cast<char>(c)); }
   void le(uint64_t v, int n) {
     for (int i = 0; i < n; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
   }
   void integer(int64_t v) {
     if (v >= 0 && v < 256) {
-      op('K');
+      op(BININT1);
       le(static_cast<uint64_t>(v), 1);
     } else if (v >= INT32_MIN && v <= INT32_MAX) {
-      op('J');
+      op(BININT);
       le(static_cast<uint64_t>(static_cast<uint32_t>(static_cast<int32_t>(v))), 4);
     } else {
-      op('\x8a');  // LONG1, 8 bytes two's complement
+      op(LONG1);  // 8 bytes, two's complement
       le(8, 1);
       le(static_cast<uint64_t>(v), 8);
     }
   }
   void string(const std::string& s) {
-    op('X');  // BINUNICODE
+    op(BINUNICODE);
     le(s.size(), 4);
     out += s;
   }
-  void none() { op('N'); }
-  void boolean(bool b) { op(b ? '\x88' : '\x89'); }
-  void mark() { op('('); }
+  void none() { op(NONE); }
+  void boolean(bool b) { op(b ? NEWTRUE : NEWFALSE); }
+  void mark() { op(MARK); }
   // A global, memoised on first use.
   void global(const std::string& module, const std::string& name) {
     const std::string key = module + "\n" + name + "\n";
     const auto it = memo_.find(key);
     if (it != memo_.end()) {
-      op('j');  // LONG_BINGET
+      op(LONG_BINGET);
       le(it->second, 4);
       return;
     }
-    op('c');
+    op(GLOBAL);
     out += key;
-    op('r');  // LONG_BINPUT
+    op(LONG_BINPUT);
     le(memo_.size(), 4);
     memo_.emplace(key, static_cast<uint32_t>(memo_.size()));
   }
   // cls() with no arguments, as NEWOBJ does; BUILD follows with its state.
   void new_object(const std::string& module, const std::string& name) {
     global(module, name);
-    op(')');
-    op('\x81');
+    op(EMPTY_TUPLE);
+    op(NEWOBJ);
   }
   void tuple(const std::vector<int64_t>& values) {
     mark();
     for (int64_t v : values) integer(v);
-    op('t');
+    op(TUPLE);
   }
   void size(const std::vector<int64_t>& values) {  // torch.Size((...))
     global("torch", "Size");
     tuple(values);
-    op('\x85');  // TUPLE1
-    op('R');
+    op(TUPLE1);
+    op(REDUCE);
   }
 
  private:
@@ -107,16 +111,16 @@ void tensor_properties(Pickler& p, c10::ScalarType dtype) {
   p.global("torch", python_dtype(dtype));
   p.global("torch.serialization", "_get_layout");
   p.string("torch.strided");
-  p.op('\x85');
-  p.op('R');
+  p.op(TUPLE1);
+  p.op(REDUCE);
   p.boolean(false);
   p.global(kMetadataModule, "_MEM_FORMAT_ENCODING");
   p.integer(0);  // TORCH_CONTIGUOUS_FORMAT
-  p.op('\x85');
-  p.op('R');
+  p.op(TUPLE1);
+  p.op(REDUCE);
   p.boolean(false);
-  p.op('t');
-  p.op('b');
+  p.op(TUPLE);
+  p.op(BUILD);
 }
 
 void item(Pickler& p, const DcpItem& item) {
@@ -125,36 +129,36 @@ void item(Pickler& p, const DcpItem& item) {
     return;
   }
   p.new_object(kMetadataModule, "TensorStorageMetadata");
-  p.op('}');
+  p.op(EMPTY_DICT);
   p.mark();
   p.string("properties");
   tensor_properties(p, item.dtype);
   p.string("size");
   p.size(item.size);
   p.string("chunks");
-  p.op(']');
+  p.op(EMPTY_LIST);
   p.mark();
   for (const auto& chunk : item.chunks) {
     p.new_object(kMetadataModule, "ChunkStorageMetadata");
-    p.op('}');
+    p.op(EMPTY_DICT);
     p.mark();
     p.string("offsets");
     p.size(chunk.offsets);
     p.string("sizes");
     p.size(chunk.sizes);
-    p.op('u');
-    p.op('b');
+    p.op(SETITEMS);
+    p.op(BUILD);
   }
-  p.op('e');  // APPENDS
-  p.op('u');
-  p.op('b');
+  p.op(APPENDS);
+  p.op(SETITEMS);
+  p.op(BUILD);
 }
 
 // MetadataIndex(fqn, offset, index) and _StorageInfo(relative_path, offset, length), by their
 // fields as Python pickles them (index None: only a lookup hint).
 void storage(Pickler& p, const DcpStorage& s) {
   p.new_object(kMetadataModule, "MetadataIndex");
-  p.op('}');
+  p.op(EMPTY_DICT);
   p.mark();
   p.string("fqn");
   p.string(s.fqn);
@@ -164,10 +168,10 @@ void storage(Pickler& p, const DcpStorage& s) {
   }
   p.string("index");
   p.none();
-  p.op('u');
-  p.op('b');
+  p.op(SETITEMS);
+  p.op(BUILD);
   p.new_object("torch.distributed.checkpoint.filesystem", "_StorageInfo");
-  p.op('}');
+  p.op(EMPTY_DICT);
   p.mark();
   p.string("relative_path");
   p.string(s.relative_path);
@@ -175,8 +179,8 @@ void storage(Pickler& p, const DcpStorage& s) {
   p.integer(s.offset);
   p.string("length");
   p.integer(s.length);
-  p.op('u');
-  p.op('b');
+  p.op(SETITEMS);
+  p.op(BUILD);
 }
 
 void planner_path(Pickler& p, const DcpPath& path) {
@@ -188,46 +192,46 @@ void planner_path(Pickler& p, const DcpPath& path) {
       p.integer(std::get<int64_t>(part));
     }
   }
-  p.op('t');
+  p.op(TUPLE);
 }
 
 }  // namespace
 
 std::string write_dcp_metadata(const DcpMetadata& metadata) {
   Pickler p;
-  p.op('\x80');
+  p.op(PROTO);
   p.le(2, 1);
   p.new_object(kMetadataModule, "Metadata");
-  p.op('}');
+  p.op(EMPTY_DICT);
   p.mark();
   p.string("state_dict_metadata");
-  p.op('}');
+  p.op(EMPTY_DICT);
   p.mark();
   for (const auto& [fqn, entry] : metadata.items) {
     p.string(fqn);
     item(p, entry);
   }
-  p.op('u');
+  p.op(SETITEMS);
   p.string("planner_data");
-  p.op('}');
+  p.op(EMPTY_DICT);
   p.mark();
   for (const auto& [fqn, path] : metadata.planner_data) {
     p.string(fqn);
     planner_path(p, path);
   }
-  p.op('u');
+  p.op(SETITEMS);
   p.string("storage_data");
-  p.op('}');
+  p.op(EMPTY_DICT);
   p.mark();
   for (const auto& s : metadata.storage) storage(p, s);
-  p.op('u');
+  p.op(SETITEMS);
   p.string("storage_meta");
   p.none();
   p.string("version");
   p.string(metadata.version);
-  p.op('u');
-  p.op('b');
-  p.op('.');
+  p.op(SETITEMS);
+  p.op(BUILD);
+  p.op(STOP);
   return p.out;
 }
 

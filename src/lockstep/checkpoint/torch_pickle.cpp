@@ -7,19 +7,14 @@
 
 #include <lockstep/core/error.h>
 
+#include "pickle_opcodes.h"
+
 namespace lockstep {
 namespace checkpoint {
 namespace detail {
 namespace {
 
-// Opcodes of pickle protocol 2 (Python's Lib/pickle.py names).
-enum Op : unsigned char {
-  MARK = '(', STOP = '.', BININT = 'J', BININT1 = 'K', BININT2 = 'M', NONE = 'N', BINPERSID = 'Q',
-  REDUCE = 'R', BINUNICODE = 'X', APPEND = 'a', BUILD = 'b', GLOBAL = 'c', EMPTY_DICT = '}', APPENDS = 'e',
-  BINGET = 'h', LONG_BINGET = 'j', EMPTY_LIST = ']', BINPUT = 'q', LONG_BINPUT = 'r', SETITEM = 's',
-  TUPLE = 't', EMPTY_TUPLE = ')', SETITEMS = 'u', BINFLOAT = 'G', PROTO = 0x80, NEWOBJ = 0x81, TUPLE1 = 0x85,
-  TUPLE2 = 0x86, TUPLE3 = 0x87, NEWTRUE = 0x88, NEWFALSE = 0x89, LONG1 = 0x8a,
-};
+using namespace pickle;  // the opcodes
 
 constexpr int kMaxDepth = 100;
 constexpr uint64_t kMaxGlobalName = 1024;

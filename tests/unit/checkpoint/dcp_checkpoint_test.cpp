@@ -37,9 +37,7 @@ testing::CommandResult run_python(const std::string& python, const std::string& 
 
 // A Python dict of tensors written by dcp.save loads whole, and a range across rows loads alone.
 TEST(DcpCheckpoint, ReadsWhatPythonsDcpSaveWrote) {
-  std::string tried;
-  const auto python = testing::dcp_python(&tried);
-  if (python.empty()) GTEST_SKIP() << "no Python with torch.distributed.checkpoint and FSDP2 (tried " << tried << ")";
+  LOCKSTEP_REQUIRE_DCP_PYTHON(python);
   testing::TempDir dir("lockstep_dcp_read");
   const auto written = run_python(python, kPythonPlain, dir.path());
   ASSERT_EQ(written.exit_code, 0) << written.err;
@@ -158,9 +156,7 @@ print(target["epoch"], g["lr"], g["betas"][1], ",".join(g["params"]))
 
 // Python's dcp.load reads Lockstep's folder: the tensors bit for bit, the Python values as saved.
 TEST(DcpCheckpoint, PythonsDcpLoadReadsLockstepsFolderBitForBit) {
-  std::string tried;
-  const auto python = testing::dcp_python(&tried);
-  if (python.empty()) GTEST_SKIP() << "no Python with torch.distributed.checkpoint and FSDP2 (tried " << tried << ")";
+  LOCKSTEP_REQUIRE_DCP_PYTHON(python);
   testing::TempDir dir("lockstep_dcp_python_load");
   const Saved saved;
   save_two_ranks(dir, saved);
@@ -208,6 +204,32 @@ TEST(DcpCheckpoint, BadFoldersAreRefusedWithTheReason) {
   std::filesystem::remove(path + "/.metadata");
   EXPECT_FALSE(checkpoint::is_dcp_checkpoint(path));
   expect_refused(path, "no .metadata");
+}
+
+// Every cut of a good .metadata is refused, and every byte of it changed either loads or is
+// refused: never a crash, a hang or another exception (the dcp_metadata fuzz target goes further).
+TEST(DcpCheckpoint, EveryCutAndChangedByteOfTheMetadataIsOneClearAnswer) {
+  testing::TempDir dir("lockstep_dcp_cuts");
+  const Saved saved;
+  const auto path = save_two_ranks(dir, saved);
+  const auto metadata = testing::slurp(path + "/.metadata");
+  ASSERT_GT(metadata.size(), 500u);
+  size_t refused = 0;
+  for (size_t n = 0; n < metadata.size(); ++n) {
+    write_file(path + "/.metadata", metadata.substr(0, n));
+    EXPECT_THROW(checkpoint::load_dcp(path), UsageError) << "cut at " << n;
+  }
+  for (size_t i = 0; i < metadata.size(); ++i) {
+    std::string changed = metadata;
+    changed[i] = static_cast<char>(changed[i] ^ 0x5a);
+    write_file(path + "/.metadata", changed);
+    try {
+      checkpoint::load_dcp(path);
+    } catch (const UsageError&) {
+      ++refused;
+    }
+  }
+  EXPECT_GT(refused, metadata.size() / 2);
 }
 
 }  // namespace dcp_checkpoint_test

@@ -5,6 +5,8 @@
 #include <lockstep/strategies/fsdp_strategy.h>
 
 #include <cmath>
+#include <functional>
+#include <memory>
 #include <map>
 #include <sstream>
 #include <string>
@@ -113,7 +115,24 @@ torch::Tensor batch(int rank, int step) {
   return (torch::arange(24, torch::kFloat32).reshape({4, 6}) * 0.37 + rank * 1.3 + step * 0.11).sin();
 }
 
-PlanOptions two_ranks() { return PlanOptions().accelerator("cpu").devices("2").strategy("fsdp").timeout(60); }
+// Runs `body(strategy, net, wrapped module, Adam)` on 2 FSDP ranks (threads) that save in DCP's
+// format, and returns rank 0's whole parameters at the end.
+std::vector<std::pair<std::string, at::Tensor>> on_two_ranks(
+    const std::function<void(FSDPStrategy&, torch::nn::Sequential&, strategies::WrappedModule&,
+                             const std::shared_ptr<torch::optim::Adam>&)>& body) {
+  std::vector<torch::nn::Sequential> nets{model(), model()};
+  std::vector<std::pair<std::string, at::Tensor>> rank0;
+  const auto options = PlanOptions().accelerator("cpu").devices("2").strategy("fsdp").timeout(60);
+  testing::run_plan_ranks(2, options, [&](ExecutionPlan& plan) {
+    auto& strategy = dynamic_cast<FSDPStrategy&>(*plan.strategy);
+    auto& net = nets[strategy.global_rank()];
+    auto wrapped = strategy.setup_module(net.ptr());
+    body(strategy, net, *wrapped, std::make_shared<torch::optim::Adam>(net->parameters(), 0.01));
+    auto whole = strategy.fsdp()->full_state_dict();
+    if (strategy.global_rank() == 0) rank0 = whole;
+  }, [] { return std::make_shared<FSDPStrategy>(distributed::ShardingOptions(), StateDictType::dcp); });
+  return rank0;
+}
 
 testing::CommandResult run_python(const std::string& python, const std::string& script, const std::string& dir) {
   const std::string port = std::to_string(launchers::find_free_port());
@@ -147,9 +166,7 @@ void train(torch::nn::Sequential& net, strategies::WrappedModule& wrapped, torch
 // FSDP2 saves on 4 ranks after 3 steps; Lockstep resumes on 2 and its next 20 Adam steps give the
 // parameters PyTorch's own 2-rank resume gives, to 1e-5.
 TEST(FSDPStrategyDcp, Fsdp2CheckpointOfFourRanksResumesOnTwoAsPyTorchResumesIt) {
-  std::string tried;
-  const auto python = testing::dcp_python(&tried);
-  if (python.empty()) GTEST_SKIP() << "no Python with torch.distributed.checkpoint and FSDP2 (tried " << tried << ")";
+  LOCKSTEP_REQUIRE_DCP_PYTHON(python);
   testing::TempDir dir("lockstep_fsdp2_dcp");
   const auto pytorch = run_python(python, kPythonSaveAndResume, dir.path());
   ASSERT_EQ(pytorch.exit_code, 0) << pytorch.err;
@@ -158,21 +175,14 @@ TEST(FSDPStrategyDcp, Fsdp2CheckpointOfFourRanksResumesOnTwoAsPyTorchResumesIt) 
   const std::string path = dir / "fsdp2.dcp";
   ASSERT_TRUE(checkpoint::is_dcp_checkpoint(path));
 
-  std::vector<torch::nn::Sequential> nets{model(), model()};
-  std::vector<std::pair<std::string, at::Tensor>> resumed;
-  testing::run_plan_ranks(2, two_ranks(), [&](ExecutionPlan& plan) {
-    auto& strategy = dynamic_cast<FSDPStrategy&>(*plan.strategy);
-    const int rank = strategy.global_rank();
-    auto& net = nets[rank];
-    auto wrapped = strategy.setup_module(net.ptr());
-    auto opt = std::make_shared<torch::optim::Adam>(net->parameters(), 0.5);  // lr 0.01 comes from the checkpoint
+  const auto resumed = on_two_ranks([&](FSDPStrategy& strategy, torch::nn::Sequential& net,
+                                        strategies::WrappedModule& wrapped, const std::shared_ptr<torch::optim::Adam>& opt) {
+    opt->param_groups()[0].options().set_lr(0.5);  // the checkpoint's lr (0.01) must replace it
     const auto loaded = strategy.load_checkpoint(path, checkpoint::CheckpointIO(), {opt});
     strategy.load_module_state_dict(*net, loaded.at("state_dict").toGenericDict(), /*strict=*/true);
     strategy.load_optimizer_state_dict(*opt, loaded.at("optimizer_states").toListRef()[0].toGenericDict());
-    train(net, *wrapped, *opt, rank, 3, 20);
-    auto whole = strategy.fsdp()->full_state_dict();
-    if (rank == 0) resumed = whole;
-  }, [] { return std::make_shared<FSDPStrategy>(distributed::ShardingOptions(), StateDictType::dcp); });
+    train(net, wrapped, *opt, strategy.global_rank(), 3, 20);
+  });
   ASSERT_EQ(resumed.size(), 4u);
   for (const auto& [name, tensor] : resumed) {
     const auto& want = expected.at(name);
@@ -187,20 +197,12 @@ TEST(FSDPStrategyDcp, Fsdp2CheckpointOfFourRanksResumesOnTwoAsPyTorchResumesIt) 
 // Lockstep saves on 2 ranks; Python's dcp.load on 3 FSDP2 ranks reads the parameters and Adam's
 // state bit for bit.
 TEST(FSDPStrategyDcp, TwoRanksCheckpointLoadsInPythonsDcpOnThreeBitForBit) {
-  std::string tried;
-  const auto python = testing::dcp_python(&tried);
-  if (python.empty()) GTEST_SKIP() << "no Python with torch.distributed.checkpoint and FSDP2 (tried " << tried << ")";
+  LOCKSTEP_REQUIRE_DCP_PYTHON(python);
   testing::TempDir dir("lockstep_dcp_to_python");
   const std::string path = dir / "lockstep.dcp";
-  std::vector<torch::nn::Sequential> nets{model(), model()};
-  std::vector<std::pair<std::string, at::Tensor>> saved;
-  testing::run_plan_ranks(2, two_ranks(), [&](ExecutionPlan& plan) {
-    auto& strategy = dynamic_cast<FSDPStrategy&>(*plan.strategy);
-    const int rank = strategy.global_rank();
-    auto& net = nets[rank];
-    auto wrapped = strategy.setup_module(net.ptr());
-    auto opt = std::make_shared<torch::optim::Adam>(net->parameters(), 0.01);
-    train(net, *wrapped, *opt, rank, 0, 3);
+  const auto saved = on_two_ranks([&](FSDPStrategy& strategy, torch::nn::Sequential& net,
+                                     strategies::WrappedModule& wrapped, const std::shared_ptr<torch::optim::Adam>& opt) {
+    train(net, wrapped, *opt, strategy.global_rank(), 0, 3);
     auto state = checkpoint::make_checkpoint();
     state.insert("state_dict", strategy.module_state_dict(*net));
     c10::impl::GenericList optimizers(c10::AnyType::get());
@@ -208,9 +210,7 @@ TEST(FSDPStrategyDcp, TwoRanksCheckpointLoadsInPythonsDcpOnThreeBitForBit) {
     state.insert("optimizer_states", optimizers);
     state.insert("epoch", int64_t{1});
     strategy.save_checkpoint(state, path, checkpoint::CheckpointIO(), {opt});
-    auto whole = strategy.fsdp()->full_state_dict();
-    if (rank == 0) saved = whole;
-  }, [] { return std::make_shared<FSDPStrategy>(distributed::ShardingOptions(), StateDictType::dcp); });
+  });
   ASSERT_TRUE(checkpoint::is_dcp_checkpoint(path));
 
   const auto python_load = run_python(python, kPythonLoadThree, dir.path());
