@@ -18,6 +18,7 @@
 #include <lockstep/callbacks/progress_bar_options.h>
 #include <lockstep/callbacks/simple_profiler.h>
 #include <lockstep/checkpoint/checkpoint_io.h>
+#include <lockstep/checkpoint/dcp_checkpoint.h>
 #include <lockstep/checkpoint/key_map.h>
 #include <lockstep/checkpoint/lightning_checkpoint.h>
 #include <lockstep/checkpoint/optimizer_state.h>

@@ -111,6 +111,10 @@ class FSDPStrategy : public ParallelStrategy {
       const std::string& key, const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers,
       const std::string& path) const;
 
+  /// Writes this rank's `shard` of the checkpoint at `path` in the state dict type's format, and
+  /// on rank 0 commits it (a collective).
+  void write_pieces(const checkpoint::ShardedCheckpoint& shard, const std::string& path,
+                    const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers);
   /// The name of each parameter of `optimizer` (by the modules set up), for a DCP save.
   std::vector<std::string> parameter_names(const torch::optim::Optimizer& optimizer) const;
 

@@ -26,6 +26,9 @@ using detail::DcpChunk;
 using detail::DcpPath;
 
 constexpr const char* kDcpVersion = "1.0.0";  // CURRENT_DCP_VERSION of PyTorch 2.15
+constexpr const char* kOneOptimizer =
+    "a DCP checkpoint holds one optimizer (get_state_dict's \"optim\"). Save runs with several optimizers in "
+    "Lockstep's sharded format (StateDictType::sharded).";
 
 // A box of a tensor that a flat range covers, and where its elements start in the range.
 struct FlatBox {
@@ -155,9 +158,10 @@ std::pair<std::string, DcpPath> dcp_name_of_piece(const std::string& key, const 
   if (parts.size() == 2 && parts[0] == "state_dict") return {"model." + parts[1], {"model", parts[1]}};
   if (parts.size() == 5 && parts[0] == "optimizer_states" && parts[2] == "state") {
     LOCKSTEP_CHECK(parts[1] == "0", UsageError, "write_dcp_shard: \"", key, "\" is the state of optimizer ", parts[1],
-                   "; a DCP checkpoint holds one optimizer (get_state_dict's \"optim\"). Save runs with several "
-                   "optimizers in Lockstep's sharded format (StateDictType::sharded).");
-    const auto& name = parameter_name(names, std::stoll(parts[3]), key);
+                   "; ", kOneOptimizer);
+    const bool decimal = !parts[3].empty() && parts[3].size() < 10 &&
+                         parts[3].find_first_not_of("0123456789") == std::string::npos;
+    const auto& name = parameter_name(names, decimal ? std::stoll(parts[3]) : -1, key);
     return {"optim.state." + name + "." + parts[4], {"optim", "state", name, parts[4]}};
   }
   throw UsageError("write_dcp_shard: the piece \"" + key + "\" has no DCP name: pieces are \"state_dict/<name>\" "
@@ -233,8 +237,7 @@ void write_common(ShardFile& file, const Checkpoint& common, const std::vector<s
     }
     const auto optimizers = entry.value().toListRef();
     LOCKSTEP_CHECK(optimizers.size() <= 1, UsageError, "write_dcp_shard: the checkpoint holds ", optimizers.size(),
-                   " optimizers; a DCP checkpoint holds one (get_state_dict's \"optim\"). Save runs with several "
-                   "optimizers in Lockstep's sharded format (StateDictType::sharded).");
+                   " optimizers; ", kOneOptimizer);
     if (!optimizers.empty()) write_optimizer(file, optimizers[0].toGenericDict(), names);
   }
 }

@@ -407,7 +407,17 @@ void FSDPStrategy::save_checkpoint(const checkpoint::Checkpoint& state, const st
       shard.common.insert(item.key(), item.value());
     }
   }
+  write_pieces(shard, path, optimizers);
+}
+
+void FSDPStrategy::write_pieces(const checkpoint::ShardedCheckpoint& shard, const std::string& path,
+                                const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers) {
+  const int rank = global_rank();
   const bool dcp = state_dict_type_ == StateDictType::dcp;
+  // Before any file is made, and alike on every rank.
+  LOCKSTEP_CHECK(!dcp || optimizers.size() <= 1, UsageError, "--fsdp-state-dict-type dcp saves one optimizer "
+                 "(DCP's get_state_dict merges several into one \"optim\"), and this run has ", optimizers.size(),
+                 ". Use --fsdp-state-dict-type sharded, which keeps each.");
   const auto names = dcp && !optimizers.empty() ? parameter_names(*optimizers.front()) : std::vector<std::string>{};
   const auto tmp = checkpoint::begin_sharded_save(path, rank);
   barrier("sharded checkpoint: begin");

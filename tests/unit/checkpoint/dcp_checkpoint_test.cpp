@@ -206,6 +206,21 @@ TEST(DcpCheckpoint, BadFoldersAreRefusedWithTheReason) {
   expect_refused(path, "no .metadata");
 }
 
+// DCP holds one optimizer: the state of a second is refused with the fix, before a file is made.
+TEST(DcpCheckpoint, ASecondOptimizerIsRefusedWithTheFix) {
+  testing::TempDir dir("lockstep_dcp_two_optimizers");
+  const Saved saved;
+  auto shard = shard_of(saved, 0);
+  shard.pieces["optimizer_states/1/state/0/exp_avg"] = shard.pieces.at("optimizer_states/0/state/0/exp_avg");
+  const auto tmp = checkpoint::begin_sharded_save(dir / "two.dcp", 0);
+  try {
+    checkpoint::write_dcp_shard(tmp, 0, 1, shard, {"fc.weight", "fc.bias"});
+    ADD_FAILURE() << "a second optimizer's state was written";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("StateDictType::sharded"), std::string::npos) << e.what();
+  }
+}
+
 // Every cut of a good .metadata is refused, and every byte of it changed either loads or is
 // refused: never a crash, a hang or another exception (the dcp_metadata fuzz target goes further).
 TEST(DcpCheckpoint, EveryCutAndChangedByteOfTheMetadataIsOneClearAnswer) {
