@@ -27,6 +27,7 @@ import sys, torch, torch.distributed.checkpoint as dcp
 torch.manual_seed(0)
 model = {"fc.weight": torch.randn(5, 3), "fc.bias": torch.randn(5).double(), "emb": torch.randn(4).bfloat16()}
 dcp.save({"model": model, "epoch": 3, "note": "hi"}, checkpoint_id=sys.argv[1] + "/ckpt", no_dist=True)
+dcp.save(model, checkpoint_id=sys.argv[1] + "/plain", no_dist=True)  # keys without "model."
 torch.save(model, sys.argv[1] + "/expected.pt")
 )";
 
@@ -59,6 +60,9 @@ TEST(DcpCheckpoint, ReadsWhatPythonsDcpSaveWrote) {
   const auto piece = checkpoint::load_dcp_pieces(path, {{"state_dict/fc.weight", {4, 7}}});
   const auto weight = expected.at("fc.weight").toTensor();
   EXPECT_TRUE(piece.pieces.at("state_dict/fc.weight").values.equal(weight.flatten().narrow(0, 4, 7)));
+  const auto plain = checkpoint::load_dcp(dir / "plain");
+  ASSERT_EQ(plain.tensors.count("state_dict/fc.weight"), 1u);
+  EXPECT_TRUE(plain.tensors.at("state_dict/fc.weight").equal(weight));
 }
 
 // Two ranks' pieces of a model and Adam's state, cut mid-row, as FSDP holds them.
@@ -204,6 +208,28 @@ TEST(DcpCheckpoint, BadFoldersAreRefusedWithTheReason) {
   std::filesystem::remove(path + "/.metadata");
   EXPECT_FALSE(checkpoint::is_dcp_checkpoint(path));
   expect_refused(path, "no .metadata");
+}
+
+// A 3-D tensor cut at points inside rows of both inner dimensions (3 ranks: [0, 7), [7, 33),
+// [33, 60)) is written as boxes that cover it exactly once, and every range of it reads back.
+TEST(DcpCheckpoint, PiecesCutInsideRowsOfA3dTensorReadBackInAnyRange) {
+  testing::TempDir dir("lockstep_dcp_3d");
+  const auto full = torch::arange(60, torch::kFloat32).reshape({3, 4, 5});
+  const std::string path = dir / "cube.dcp";
+  const std::vector<int64_t> cuts{0, 7, 33, 60};
+  for (int rank = 0; rank < 3; ++rank) {
+    ShardedCheckpoint shard;
+    shard.pieces["state_dict/cube"] = {{3, 4, 5}, cuts[rank], full.flatten().narrow(0, cuts[rank], cuts[rank + 1] - cuts[rank])};
+    checkpoint::write_dcp_shard(checkpoint::begin_sharded_save(path, rank), rank, 3, shard, {});
+  }
+  checkpoint::commit_dcp_save(path + ".tmp", path, 3);
+  for (int64_t begin = 0; begin < 60; begin += 3) {
+    for (int64_t numel = 0; begin + numel <= 60; numel += 7) {
+      const auto mine = checkpoint::load_dcp_pieces(path, {{"state_dict/cube", {begin, numel}}});
+      ASSERT_TRUE(mine.pieces.at("state_dict/cube").values.equal(full.flatten().narrow(0, begin, numel)))
+          << "[" << begin << ", " << begin + numel << ")";
+    }
+  }
 }
 
 // DCP holds one optimizer: the state of a second is refused with the fix, before a file is made.
