@@ -88,6 +88,16 @@ class Pickler {
     op(EMPTY_TUPLE);
     op(NEWOBJ);
   }
+  // A dataclass whose state is the dict of its fields: the fields follow, then end_fields().
+  void begin_fields(const std::string& module, const std::string& name) {
+    new_object(module, name);
+    op(EMPTY_DICT);
+    mark();
+  }
+  void end_fields() {
+    op(SETITEMS);
+    op(BUILD);
+  }
   void tuple(const std::vector<int64_t>& values) {
     mark();
     for (int64_t v : values) integer(v);
@@ -128,9 +138,7 @@ void item(Pickler& p, const DcpItem& item) {
     p.new_object(kMetadataModule, "BytesStorageMetadata");
     return;
   }
-  p.new_object(kMetadataModule, "TensorStorageMetadata");
-  p.op(EMPTY_DICT);
-  p.mark();
+  p.begin_fields(kMetadataModule, "TensorStorageMetadata");
   p.string("properties");
   tensor_properties(p, item.dtype);
   p.string("size");
@@ -139,27 +147,21 @@ void item(Pickler& p, const DcpItem& item) {
   p.op(EMPTY_LIST);
   p.mark();
   for (const auto& chunk : item.chunks) {
-    p.new_object(kMetadataModule, "ChunkStorageMetadata");
-    p.op(EMPTY_DICT);
-    p.mark();
+    p.begin_fields(kMetadataModule, "ChunkStorageMetadata");
     p.string("offsets");
     p.size(chunk.offsets);
     p.string("sizes");
     p.size(chunk.sizes);
-    p.op(SETITEMS);
-    p.op(BUILD);
+    p.end_fields();
   }
   p.op(APPENDS);
-  p.op(SETITEMS);
-  p.op(BUILD);
+  p.end_fields();
 }
 
 // MetadataIndex(fqn, offset, index) and _StorageInfo(relative_path, offset, length), by their
 // fields as Python pickles them (index None: only a lookup hint).
 void storage(Pickler& p, const DcpStorage& s) {
-  p.new_object(kMetadataModule, "MetadataIndex");
-  p.op(EMPTY_DICT);
-  p.mark();
+  p.begin_fields(kMetadataModule, "MetadataIndex");
   p.string("fqn");
   p.string(s.fqn);
   if (s.has_offsets) {
@@ -168,19 +170,15 @@ void storage(Pickler& p, const DcpStorage& s) {
   }
   p.string("index");
   p.none();
-  p.op(SETITEMS);
-  p.op(BUILD);
-  p.new_object("torch.distributed.checkpoint.filesystem", "_StorageInfo");
-  p.op(EMPTY_DICT);
-  p.mark();
+  p.end_fields();
+  p.begin_fields("torch.distributed.checkpoint.filesystem", "_StorageInfo");
   p.string("relative_path");
   p.string(s.relative_path);
   p.string("offset");
   p.integer(s.offset);
   p.string("length");
   p.integer(s.length);
-  p.op(SETITEMS);
-  p.op(BUILD);
+  p.end_fields();
 }
 
 void planner_path(Pickler& p, const DcpPath& path) {
@@ -201,9 +199,7 @@ std::string write_dcp_metadata(const DcpMetadata& metadata) {
   Pickler p;
   p.op(PROTO);
   p.le(2, 1);
-  p.new_object(kMetadataModule, "Metadata");
-  p.op(EMPTY_DICT);
-  p.mark();
+  p.begin_fields(kMetadataModule, "Metadata");
   p.string("state_dict_metadata");
   p.op(EMPTY_DICT);
   p.mark();
@@ -229,8 +225,7 @@ std::string write_dcp_metadata(const DcpMetadata& metadata) {
   p.none();
   p.string("version");
   p.string(metadata.version);
-  p.op(SETITEMS);
-  p.op(BUILD);
+  p.end_fields();
   p.op(STOP);
   return p.out;
 }
