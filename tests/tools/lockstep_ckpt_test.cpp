@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include <lockstep/checkpoint/checkpoint_io.h>
+#include <lockstep/checkpoint/dcp_checkpoint.h>
 #include <lockstep/checkpoint/optimizer_state.h>
 #include <lockstep/checkpoint/safetensors.h>
 #include <lockstep/checkpoint/sharded_checkpoint.h>
@@ -106,8 +107,9 @@ void convert_ok(const std::vector<std::string>& args) {
   EXPECT_NE(result.out.find("lockstep ckpt: wrote " + args[1]), std::string::npos) << result.out;
 }
 
-// A sharded checkpoint written the way a 2-rank FSDP run writes one, without the command.
-void write_sharded(const std::string& dir, const Trained& model) {
+// A sharded checkpoint (Lockstep's, or with `dcp` DCP's) written the way a 2-rank FSDP run writes
+// one, without the command.
+void write_sharded(const std::string& dir, const Trained& model, bool dcp = false) {
   std::map<std::string, at::Tensor> full;
   for (const auto& item : model.weights()) full["state_dict/" + item.key()] = item.value();
   Checkpoint common = checkpoint::make_checkpoint();
@@ -120,9 +122,18 @@ void write_sharded(const std::string& dir, const Trained& model) {
       const int64_t half = tensor.numel() / 2;
       wanted[key] = rank == 0 ? checkpoint::PieceRange{0, half} : checkpoint::PieceRange{half, tensor.numel() - half};
     }
-    checkpoint::write_shard(tmp, rank, 2, {common, checkpoint::cut_pieces(full, wanted)});
+    const checkpoint::ShardedCheckpoint shard{common, checkpoint::cut_pieces(full, wanted)};
+    if (dcp) {
+      checkpoint::write_dcp_shard(tmp, rank, 2, shard, {});  // as --fsdp-state-dict-type dcp writes it
+    } else {
+      checkpoint::write_shard(tmp, rank, 2, shard);
+    }
   }
-  checkpoint::commit_sharded_save(tmp, dir, 2);
+  if (dcp) {
+    checkpoint::commit_dcp_save(tmp, dir, 2);
+  } else {
+    checkpoint::commit_sharded_save(tmp, dir, 2);
+  }
 }
 
 bool has_line(const std::string& text, const std::string& start, const std::string& rest = "") {
@@ -150,6 +161,7 @@ TEST(LockstepCkpt, InspectListsEachFormatsTensors) {
   checkpoint::save_safetensors(model.weights(), dir / "model.safetensors", {{"format", "pt"}});
   checkpoint::save_sharded_safetensors(model.weights(), dir / "model.safetensors.index.json", 100);
   write_sharded(dir / "sharded", model);
+  write_sharded(dir / "dcp", model, /*dcp=*/true);
   struct Case {
     std::string path, format, weight_key;
   };
@@ -157,7 +169,8 @@ TEST(LockstepCkpt, InspectListsEachFormatsTensors) {
                                    {"weights.pt", "plain torch.save file", "0.weight"},
                                    {"model.safetensors", "safetensors file", "0.weight"},
                                    {"model.safetensors.index.json", "safetensors sharded index", "0.weight"},
-                                   {"sharded", "Lockstep sharded checkpoint folder", "state_dict/0.weight"}};
+                                   {"sharded", "Lockstep sharded checkpoint folder", "state_dict/0.weight"},
+                                   {"dcp", "torch.distributed.checkpoint folder", "state_dict/0.weight"}};
   for (const auto& c : cases) {
     SCOPED_TRACE(c.path);
     const auto result = ckpt({"inspect", dir / c.path});
@@ -178,6 +191,15 @@ TEST(LockstepCkpt, InspectListsEachFormatsTensors) {
   const auto sharded = ckpt({"inspect", dir / "sharded"});
   EXPECT_TRUE(has_line(sharded.out, "world_size: 2")) << sharded.out;
   EXPECT_TRUE(has_line(sharded.out, "global_step: 40")) << sharded.out;
+  const auto dcp = ckpt({"inspect", dir / "dcp"});
+  EXPECT_TRUE(has_line(dcp.out, "global_step: 40")) << dcp.out;
+  // A DCP folder converts to the others: its weights are the model's, bit for bit.
+  convert_ok({dir / "dcp", dir / "from_dcp.pt", "--to", "torch"});
+  const auto back = load_back(dir / "from_dcp.pt").toGenericDict();
+  EXPECT_EQ(back.at("global_step").toInt(), 40);
+  for (const auto& item : model.weights()) {
+    expect_same(item.value(), back.at("state_dict").toGenericDict().at(item.key()), "dcp -> torch " + item.key());
+  }
 }
 
 // Each conversion, then back, gives the checkpoint it started from: the same keys in the same
@@ -323,11 +345,11 @@ TEST(LockstepCkpt, BadInputExitsTwoNamingTheProblem) {
       {{"inspect", dir / "missing.ckpt"}, "does not exist"},
       {{"inspect", dir / "junk.bin"}, "is in no checkpoint format that lockstep ckpt knows"},
       {{"inspect", dir / "cut.ckpt"}, "is damaged"},
-      {{"inspect", dir / "dcp"}, "not available in this build yet"},
+      {{"inspect", dir / "dcp"}, "its .metadata is not DCP's Metadata"},
       {{"inspect"}, "path is required"},
       {{"convert", dir / "full.ckpt", out}, "--to is required"},
       {{"convert", dir / "full.ckpt", out, "--to", "onnx"}, "--to onnx is not a format; pass one of"},
-      {{"convert", dir / "full.ckpt", dir / "d", "--to", "dcp"}, "dcp) is not available in this build yet"},
+      {{"convert", dir / "full.ckpt", dir / "d", "--to", "dcp"}, "--fsdp-state-dict-type dcp"},
       {{"convert", dir / "full.ckpt", dir / "s", "--to", "lockstep-sharded"}, "needs --world-size N"},
       {{"convert", dir / "full.ckpt", out, "--to", "torch", "--world-size", "2"}, "--world-size applies to"},
       {{"convert", dir / "cut.ckpt", out, "--to", "torch"}, "is damaged"},

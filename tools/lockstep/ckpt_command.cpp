@@ -8,6 +8,7 @@
 
 #include <torch/torch.h>
 
+#include <lockstep/checkpoint/dcp_checkpoint.h>
 #include <lockstep/checkpoint/safetensors.h>
 #include <lockstep/core/error.h>
 
@@ -69,6 +70,10 @@ auto on_contents(const std::string& path, const Body& body) -> decltype(body()) 
 
 // A format this build knows by name but cannot read or write (`action`: "reading", "writing").
 [[noreturn]] void not_in_this_build(const Format& format, const std::string& subject, const std::string& action) {
+  if (action == "writing" && !format.no_writer.empty()) {
+    throw UsageError(subject + ": lockstep ckpt does not write the " + format.description + " format: " +
+                     format.no_writer);
+  }
   throw UsageError(subject + ": " + action + " the " + format.description + " format (" + format.name +
                    ") is not available in this build yet. Use lockstep, lockstep-sharded, torch or safetensors "
                    "checkpoints for now.");
@@ -165,6 +170,20 @@ Listing list_sharded(const std::string& path) {
   return listing;
 }
 
+// .metadata for the tensors (by Lockstep's keys), and the bytes items for the common dict: no
+// tensor chunk is read.
+Listing list_dcp(const std::string& path) {
+  Listing listing;
+  const auto tensors = checkpoint::read_dcp_tensors(path);
+  listing.format = "torch.distributed.checkpoint folder";
+  const Checkpoint common = checkpoint::load_dcp_pieces(path, {}).common;
+  add_entries(common, listing);
+  for (const auto& [key, info] : tensors) listing.tensors.push_back({key, info.shape, info.dtype});
+  collect_tensors(common, "", listing.tensors);  // scalar state kept whole, such as Adam's step
+  listing.weights = "state_dict/";
+  return listing;
+}
+
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string text = "[";
   for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
@@ -207,6 +226,7 @@ int run_inspect(const std::string& path) {
   if (!format.read) not_in_this_build(format, "'" + path + "' is a " + format.description, "reading");
   const Listing listing = on_contents(path, [&] {
     if (format.name == "lockstep-sharded") return list_sharded(path);
+    if (format.name == "dcp") return list_dcp(path);
     if (format.name == "safetensors") return list_safetensors(path);
     return list_torch_file(path);
   });

@@ -9,6 +9,7 @@
 
 #include <torch/torch.h>
 
+#include <lockstep/checkpoint/dcp_checkpoint.h>
 #include <lockstep/checkpoint/safetensors.h>
 #include <lockstep/core/error.h>
 
@@ -131,34 +132,39 @@ class FullSource : public Source {
   std::map<std::string, at::Tensor> tensors_;
 };
 
-// A sharded checkpoint folder, read whole only when a writer needs it whole.
+// A sharded checkpoint folder (Lockstep's or DCP's), read whole only when a writer needs it whole.
 class ShardedSource : public Source {
  public:
-  explicit ShardedSource(std::string dir) : dir_(std::move(dir)), metadata_(checkpoint::read_sharded_metadata(dir_)) {}
+  using ReadPieces = std::function<checkpoint::ShardedCheckpoint(const std::string&,
+                                                                 const std::map<std::string, checkpoint::PieceRange>&)>;
+  using ReadWhole = std::function<checkpoint::ReassembledCheckpoint(const std::string&)>;
+  ShardedSource(std::string dir, const std::map<std::string, checkpoint::ShardedTensorInfo>& tensors, ReadPieces pieces,
+                ReadWhole whole)
+      : dir_(std::move(dir)), read_pieces_(std::move(pieces)), read_whole_(std::move(whole)) {
+    for (const auto& [key, info] : tensors) layout_[key] = {info.shape, info.dtype};
+  }
   // The weights alone are read piece by piece: the optimizer state is never in memory whole.
   Checkpoint full(bool weights_only) const override {
     std::map<std::string, checkpoint::PieceRange> weights;
-    for (const auto& [key, info] : metadata_.tensors) {
+    for (const auto& [key, info] : layout_) {
       if (key.rfind("state_dict/", 0) == 0) weights[key] = {0, c10::multiply_integers(info.shape)};
     }
-    if (!weights_only || weights.empty()) return checkpoint::to_full_checkpoint(checkpoint::load_sharded(dir_));
-    const auto read = checkpoint::load_sharded_pieces(dir_, weights);
+    if (!weights_only || weights.empty()) return checkpoint::to_full_checkpoint(read_whole_(dir_));
+    const auto read = read_pieces_(dir_, weights);
     std::map<std::string, at::Tensor> tensors;
     for (const auto& [key, piece] : read.pieces) tensors[key] = piece.values.view(piece.shape);
     return checkpoint::to_full_checkpoint(read.common, tensors);
   }
-  std::map<std::string, TensorLayout> piece_layout() const override {
-    std::map<std::string, TensorLayout> layout;
-    for (const auto& [key, info] : metadata_.tensors) layout[key] = {info.shape, info.dtype};
-    return layout;
-  }
+  std::map<std::string, TensorLayout> piece_layout() const override { return layout_; }
   checkpoint::ShardedCheckpoint pieces(const std::map<std::string, checkpoint::PieceRange>& wanted) const override {
-    return checkpoint::load_sharded_pieces(dir_, wanted);
+    return read_pieces_(dir_, wanted);
   }
 
  private:
   std::string dir_;
-  checkpoint::ShardedMetadata metadata_;
+  std::map<std::string, TensorLayout> layout_;
+  ReadPieces read_pieces_;
+  ReadWhole read_whole_;
 };
 
 // ---- detection ---------------------------------------------------------------------------------
@@ -227,7 +233,16 @@ std::unique_ptr<Source> read_safetensors(const std::string& path) {
   return source;
 }
 
-std::unique_ptr<Source> read_sharded(const std::string& path) { return std::make_unique<ShardedSource>(path); }
+std::unique_ptr<Source> read_sharded(const std::string& path) {
+  return std::make_unique<ShardedSource>(path, checkpoint::read_sharded_metadata(path).tensors,
+                                         checkpoint::load_sharded_pieces, checkpoint::load_sharded);
+}
+
+// A torch.distributed.checkpoint folder, its keys mapped to Lockstep's (checkpoint/dcp_checkpoint.h).
+std::unique_ptr<Source> read_dcp(const std::string& path) {
+  return std::make_unique<ShardedSource>(path, checkpoint::read_dcp_tensors(path), checkpoint::load_dcp_pieces,
+                                         checkpoint::load_dcp);
+}
 
 // A safetensors header's metadata, where a format without a place for it leaves it out; the
 // {"format": "pt"} that every writer of PyTorch weights adds says nothing and goes unnamed.
@@ -336,7 +351,11 @@ const std::vector<Format>& formats() {
   static const std::vector<Format> all = {
       {"lockstep-sharded", "Lockstep sharded checkpoint folder", is_sharded_folder, read_sharded,
        write_sharded, true},
-      {"dcp", "torch.distributed.checkpoint folder", is_dcp_folder, nullptr, nullptr, true},
+      // Written by a run (--fsdp-state-dict-type dcp), which knows each parameter's name.
+      {"dcp", "torch.distributed.checkpoint folder", is_dcp_folder, read_dcp, nullptr, true,
+       "DCP names optimizer state by each parameter's name, which the checkpoints lockstep ckpt reads do not hold. "
+       "Save DCP folders from the run itself (--strategy fsdp --fsdp-state-dict-type dcp), or convert to "
+       "lockstep-sharded."},
       {"safetensors", "safetensors file", is_safetensors_file, read_safetensors,
        [](const Source& s, const std::string& out, const ConvertOptions&) { return write_safetensors(s, out); }},
       {"torch", "torch.save file", is_torch_file, read_torch,

@@ -60,6 +60,8 @@ struct Format {
   std::function<std::vector<std::string>(const Source& source, const std::string& out, const ConvertOptions& options)>
       write;
   bool writes_folder = false;  ///< OUT is a folder (a sharded checkpoint), not a file
+  /// Why a format without a writer is not written, and the fix ("": not available in this build).
+  std::string no_writer = "";
 };
 
 /// Every format, in the order detection tries them.
