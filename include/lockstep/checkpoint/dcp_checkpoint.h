@@ -57,7 +57,7 @@ void commit_dcp_save(const std::string& tmp_dir, const std::string& final_dir, i
 bool is_dcp_checkpoint(const std::string& path);
 
 /// The full shape and dtype of each piece key (Lockstep's names, by the table above) of the DCP
-/// checkpoint `dir`. Throws UsageError naming the path, what is wrong and the fix for a missing
+/// checkpoint `dir` (`ranks` left empty: DCP's chunks are boxes, not flat ranges). Throws UsageError naming the path, what is wrong and the fix for a missing
 /// or damaged `.metadata`, one that holds anything but DCP's Metadata, chunks that do not cover a
 /// tensor exactly once or lie outside it, and keys that do not map to Lockstep's.
 std::map<std::string, ShardedTensorInfo> read_dcp_tensors(const std::string& dir);
