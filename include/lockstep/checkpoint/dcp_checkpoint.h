@@ -62,6 +62,11 @@ bool is_dcp_checkpoint(const std::string& path);
 /// tensor exactly once or lie outside it, and keys that do not map to Lockstep's.
 std::map<std::string, ShardedTensorInfo> read_dcp_tensors(const std::string& dir);
 
+/// The optimizer's parameter names in the DCP checkpoint `dir`, in the order that numbers them
+/// (`k` of the table above: optim.param_groups' "params", group after group); empty without an
+/// optimizer. A run compares them with its own to refuse a checkpoint of other parameters.
+std::vector<std::string> read_dcp_parameter_names(const std::string& dir);
+
 /// What load_sharded_pieces does, for a DCP checkpoint: for each key of `wanted`, the elements
 /// [begin, begin + numel) of its full tensor, copied from the chunks that hold them (only those
 /// are read), and the common dict. Throws UsageError as read_dcp_tensors does, for a damaged or

@@ -115,6 +115,9 @@ class FSDPStrategy : public ParallelStrategy {
   /// on rank 0 commits it (a collective).
   void write_pieces(const checkpoint::ShardedCheckpoint& shard, const std::string& path,
                     const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers);
+  /// UsageError unless the DCP checkpoint at `path` numbers its optimizer's parameters as
+  /// `optimizer` does (its optimizer state is found by that number).
+  void check_dcp_parameters(const std::string& path, const torch::optim::Optimizer& optimizer) const;
   /// The name of each parameter of `optimizer` (by the modules set up), for a DCP save.
   std::vector<std::string> parameter_names(const torch::optim::Optimizer& optimizer) const;
 

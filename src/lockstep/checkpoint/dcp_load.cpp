@@ -327,6 +327,13 @@ Checkpoint common_of(const DcpFolder& folder) {
 
 }  // namespace
 
+std::vector<std::string> read_dcp_parameter_names(const std::string& dir) {
+  const DcpFolder folder = open_dcp(dir);
+  std::vector<std::string> names(folder.parameter_index.size());
+  for (const auto& [name, k] : folder.parameter_index) names[static_cast<size_t>(k)] = name;
+  return names;
+}
+
 ShardedCheckpoint load_dcp_pieces(const std::string& dir, const std::map<std::string, PieceRange>& wanted) {
   const DcpFolder folder = open_dcp(dir);
   ShardedCheckpoint out;

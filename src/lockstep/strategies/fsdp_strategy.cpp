@@ -431,6 +431,19 @@ void FSDPStrategy::write_pieces(const checkpoint::ShardedCheckpoint& shard, cons
   if (rank == 0 && !dcp) checkpoint::commit_sharded_save(tmp, path, world_size());
 }
 
+void FSDPStrategy::check_dcp_parameters(const std::string& path, const torch::optim::Optimizer& optimizer) const {
+  const auto saved = checkpoint::read_dcp_parameter_names(path);
+  if (saved.empty()) return;  // weights alone
+  const auto mine = parameter_names(optimizer);
+  for (size_t k = 0; k < std::max(saved.size(), mine.size()); ++k) {
+    const std::string there = k < saved.size() ? saved[k] : "none", here = k < mine.size() ? mine[k] : "none";
+    LOCKSTEP_CHECK(there == here, UsageError, "DCP checkpoint '", path, "': its optimizer's parameter ", k, " is '",
+                   there, "' and this run's is '", here, "' (", saved.size(), " parameters there, ", mine.size(),
+                   " here). Resume with the model and configure_optimizers that saved it, the parameters in the same "
+                   "order.");
+  }
+}
+
 std::vector<std::string> FSDPStrategy::parameter_names(const torch::optim::Optimizer& optimizer) const {
   std::unordered_map<const c10::TensorImpl*, std::string> name_of;
   for (const auto& fsdp : all_) {
@@ -458,6 +471,7 @@ checkpoint::Checkpoint FSDPStrategy::load_checkpoint(
   }
   // Only this rank's pieces, in this world size's layout: resharding when the saver's differs.
   std::map<std::string, checkpoint::PieceRange> wanted;
+  if (dcp && !optimizers.empty()) check_dcp_parameters(path, *optimizers.front());
   const auto saved = dcp ? checkpoint::read_dcp_tensors(path) : checkpoint::read_sharded_metadata(path).tensors;
   for (const auto& item : saved) {
     const auto info = locate(item.first, optimizers, path);

@@ -4,6 +4,7 @@
 // Python peer is DCP's (support/dcp_python.h); the tests skip, naming it, where it is absent.
 #include <lockstep/strategies/fsdp_strategy.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -17,6 +18,7 @@
 
 #include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/checkpoint/dcp_checkpoint.h>
+#include <lockstep/core/error.h>
 #include <lockstep/launchers/worker_environment.h>
 
 #include "../../support/dcp_python.h"
@@ -140,6 +142,18 @@ testing::CommandResult run_python(const std::string& python, const std::string& 
                               {{"OMP_NUM_THREADS", "1"}, {"HOME", dir}}, std::chrono::seconds(400));
 }
 
+// The Trainer's checkpoint of `net` and `opt` (with an epoch), saved by the strategy at `path`.
+void save(FSDPStrategy& strategy, torch::nn::Sequential& net, const std::shared_ptr<torch::optim::Adam>& opt,
+          const std::string& path) {
+  auto state = checkpoint::make_checkpoint();
+  state.insert("state_dict", strategy.module_state_dict(*net));
+  c10::impl::GenericList optimizers(c10::AnyType::get());
+  optimizers.push_back(strategy.optimizer_state_dict(*opt));
+  state.insert("optimizer_states", optimizers);
+  state.insert("epoch", int64_t{1});
+  strategy.save_checkpoint(state, path, checkpoint::CheckpointIO(), {opt});
+}
+
 // Python's printed "name hex hex ..." lines, by name.
 std::map<std::string, std::vector<double>> printed(const std::string& out) {
   std::map<std::string, std::vector<double>> values;
@@ -203,13 +217,7 @@ TEST(FSDPStrategyDcp, TwoRanksCheckpointLoadsInPythonsDcpOnThreeBitForBit) {
   const auto saved = on_two_ranks([&](FSDPStrategy& strategy, torch::nn::Sequential& net,
                                      strategies::WrappedModule& wrapped, const std::shared_ptr<torch::optim::Adam>& opt) {
     train(net, wrapped, *opt, strategy.global_rank(), 0, 3);
-    auto state = checkpoint::make_checkpoint();
-    state.insert("state_dict", strategy.module_state_dict(*net));
-    c10::impl::GenericList optimizers(c10::AnyType::get());
-    optimizers.push_back(strategy.optimizer_state_dict(*opt));
-    state.insert("optimizer_states", optimizers);
-    state.insert("epoch", int64_t{1});
-    strategy.save_checkpoint(state, path, checkpoint::CheckpointIO(), {opt});
+    save(strategy, net, opt, path);
   });
   ASSERT_TRUE(checkpoint::is_dcp_checkpoint(path));
 
@@ -229,6 +237,33 @@ TEST(FSDPStrategyDcp, TwoRanksCheckpointLoadsInPythonsDcpOnThreeBitForBit) {
       EXPECT_TRUE(loaded.at("optim." + names[k] + "." + moment).toTensor().equal(mine)) << names[k] << " " << moment;
     }
     EXPECT_EQ(loaded.at("optim." + names[k] + ".step").toTensor().item<double>(), 3.0) << names[k];
+  }
+}
+
+// A run whose optimizer numbers the parameters otherwise than the saver's is refused, naming
+// both, before any state is read into the wrong parameter.
+TEST(FSDPStrategyDcp, AnOptimizerThatNumbersTheParametersOtherwiseIsRefused) {
+  testing::TempDir dir("lockstep_dcp_other_order");
+  const std::string path = dir / "lockstep.dcp";
+  on_two_ranks([&](FSDPStrategy& strategy, torch::nn::Sequential& net, strategies::WrappedModule& wrapped,
+                   const std::shared_ptr<torch::optim::Adam>& opt) {
+    train(net, wrapped, *opt, strategy.global_rank(), 0, 1);
+    save(strategy, net, opt, path);
+  });
+  std::vector<std::string> errors(2);
+  on_two_ranks([&](FSDPStrategy& strategy, torch::nn::Sequential& net, strategies::WrappedModule&,
+                   const std::shared_ptr<torch::optim::Adam>&) {
+    auto params = net->parameters();
+    std::reverse(params.begin(), params.end());
+    const auto reversed = std::make_shared<torch::optim::Adam>(params, 0.01);
+    try {
+      strategy.load_checkpoint(path, checkpoint::CheckpointIO(), {reversed});
+    } catch (const UsageError& e) {
+      errors[strategy.global_rank()] = e.what();
+    }
+  });
+  for (const auto& error : errors) {
+    EXPECT_NE(error.find("parameter 0 is '0.weight' and this run's is '2.bias'"), std::string::npos) << error;
   }
 }
 
