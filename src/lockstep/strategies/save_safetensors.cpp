@@ -2,10 +2,13 @@
 // that each rank writes itself.
 #include <lockstep/strategies/strategy.h>
 
+#include <exception>
+#include <functional>
 #include <map>
 
 #include <lockstep/checkpoint/safetensors.h>
 #include <lockstep/checkpoint/state_dict.h>
+#include <lockstep/core/error.h>
 
 namespace lockstep {
 namespace strategies {
@@ -38,6 +41,22 @@ c10::Dict<std::string, torch::Tensor> kept(const c10::Dict<std::string, torch::T
   return out;
 }
 
+// Runs `write` on this rank and agrees with the others whether every rank's write succeeded, so
+// that no rank waits at a barrier for one that failed: a rank whose write failed rethrows its
+// error, the others one that names the save.
+void on_every_rank(Strategy& strategy, const std::string& path, const std::function<void()>& write) {
+  std::exception_ptr failure;
+  try {
+    write();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (strategy.reduce_boolean_decision(failure == nullptr)) return;
+  if (failure) std::rethrow_exception(failure);
+  throw Error(ErrorKind::io, "saving safetensors '" + path + "': another rank failed to write its part (its "
+                                   "error names the cause); nothing here was wrong.");
+}
+
 }  // namespace
 
 c10::Dict<std::string, torch::Tensor> Strategy::whole_tensors(const torch::nn::Module& module,
@@ -61,8 +80,9 @@ void Strategy::save_safetensors(const torch::nn::Module& module, const std::stri
   const int rank = global_rank();
   if (world_size() == 1 || !checkpoint::is_safetensors_index_path(path)) {
     const auto mine = whole_tensors(module, [rank](const std::string&) { return rank == 0; });
-    if (rank == 0) checkpoint::save_safetensors(kept(mine, keep), path, kPytorchFormat);
-    barrier("save_safetensors");
+    on_every_rank(*this, path, [&] {
+      if (rank == 0) checkpoint::save_safetensors(kept(mine, keep), path, kPytorchFormat);
+    });
     return;
   }
   const auto owner = owners_by_bytes(whole_sizes(module), world_size());
@@ -74,10 +94,12 @@ void Strategy::save_safetensors(const torch::nn::Module& module, const std::stri
     shards.push_back(checkpoint::safetensors_shard_path(path, n, number.size()));
   }
   const auto mine = whole_tensors(module, [&](const std::string& name) { return owner.at(name) == rank; });
-  if (number.count(rank)) checkpoint::save_safetensors(kept(mine, keep), shards[number.at(rank) - 1], kPytorchFormat);
-  barrier("save_safetensors: each rank's shard");
-  if (rank == 0) checkpoint::write_safetensors_index(path, shards);
-  barrier("save_safetensors: the index");
+  on_every_rank(*this, path, [&] {
+    if (number.count(rank)) checkpoint::save_safetensors(kept(mine, keep), shards[number.at(rank) - 1], kPytorchFormat);
+  });
+  on_every_rank(*this, path, [&] {
+    if (rank == 0) checkpoint::write_safetensors_index(path, shards);
+  });
 }
 
 }  // namespace strategies

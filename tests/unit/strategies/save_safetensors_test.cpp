@@ -5,7 +5,9 @@
 // path is one file from rank 0.
 #include <lockstep/strategies/strategy.h>
 
+#include <filesystem>
 #include <iomanip>
+#include <stdexcept>
 #include <map>
 #include <memory>
 #include <set>
@@ -112,6 +114,32 @@ TEST(SaveSafetensors, UnderFsdpEachRankGathersOnlyWhatItOwns) {
   const auto whole = save_on_two_ranks("fsdp", {dir / "model.safetensors.index.json", dir / "model.safetensors"}, make);
   expect_one_shard_per_rank(dir, whole);
   expect_identical(whole, checkpoint::load_safetensors(dir / "model.safetensors").tensors, "model.safetensors");
+}
+
+// A rank whose write fails does not leave the others waiting: each rank ends the save at once,
+// the failed one with its own error, and no index is written.
+TEST(SaveSafetensors, ARankThatFailsToWriteEndsTheSaveOnEveryRank) {
+  testing::TempDir dir("lockstep_save_safetensors_fails");
+  std::vector<torch::nn::Sequential> nets{model(), model()};
+  std::vector<std::string> errors(2);
+  const auto options = PlanOptions().accelerator("cpu").devices("2").strategy("ddp").timeout(20);
+  testing::run_plan_ranks(2, options, [&](ExecutionPlan& plan) {
+    auto& s = *plan.strategy;
+    const int rank = s.global_rank();
+    s.setup_module(nets[rank].ptr());
+    const auto refuse_on_rank_1 = [rank](const std::string&, const torch::Tensor&) -> bool {
+      if (rank == 1) throw std::runtime_error("no room on rank 1");
+      return true;
+    };
+    try {
+      s.save_safetensors(*nets[rank], dir / "model.safetensors.index.json", refuse_on_rank_1);
+    } catch (const std::exception& e) {
+      errors[rank] = e.what();
+    }
+  });
+  EXPECT_EQ(errors[1], "no room on rank 1");
+  EXPECT_NE(errors[0].find("another rank failed to write its part"), std::string::npos) << errors[0];
+  EXPECT_FALSE(std::filesystem::exists(dir / "model.safetensors.index.json"));
 }
 
 // Reads the index and its shards as transformers does and prints each tensor's bytes by name.
