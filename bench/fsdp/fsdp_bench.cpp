@@ -12,7 +12,6 @@
 #include <sys/resource.h>
 
 #include <chrono>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -33,57 +32,18 @@
 #include <lockstep/environments/torchelastic_environment.h>
 #include <lockstep/launchers/local_launcher.h>
 
+#include "mlp.h"
+
 namespace {
 
 using namespace lockstep;
 using Clock = std::chrono::steady_clock;
 
-// Linear widths, the same in fsdp_bench.py. "25m" is bench_ddp's 24.2M MLP; "100m" (103.9M) has
-// seven hidden layers of 4096, so that no unit is more than a sixth of the model, as in a deep
-// network; "100m-wide" (107.2M) puts two thirds of it in one 8192 x 8192 layer.
-std::vector<int64_t> widths(const std::string& model) {
-  if (model == "25m") return {784, 4096, 4096, 1024, 10};
-  if (model == "100m") return {784, 4096, 4096, 4096, 4096, 4096, 4096, 4096, 10};
-  return {784, 8192, 8192, 4096, 10};
-}
-
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-// The MLP: Linear, ReLU, ..., Linear. Linears are created in forward order, as in fsdp_bench.py,
-// so that both sides draw the same initial weights.
-struct NetImpl : torch::nn::Module {
-  explicit NetImpl(const std::string& model) {
-    const auto w = widths(model);
-    for (size_t i = 0; i + 1 < w.size(); ++i) {
-      layers->push_back(torch::nn::Linear(w[i], w[i + 1]));
-      if (i + 2 < w.size()) layers->push_back(torch::nn::ReLU());
-    }
-    register_module("layers", layers);
-  }
-  torch::Tensor forward(torch::Tensor x) { return layers->forward(x); }
-  torch::nn::Sequential layers;
-};
-
-double unix_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-// A field of /proc/self/status in MB ("VmRSS", "RssShmem"), 0 where the kernel lacks it.
-double status_mb(const std::string& field) {
-  std::ifstream in("/proc/self/status");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(field + ":", 0) == 0) return std::stod(line.substr(field.size() + 1)) / 1024.0;  // kB
-  }
-  return 0;
-}
-
-// Every rank's `value`, in rank order (a collective).
-std::vector<double> per_rank(distributed::ProcessGroup& group, double value) {
-  auto all = torch::zeros({group.world_size()}, torch::kFloat64);
-  all[group.rank()] = value;
-  all = distributed::all_reduce(group, all, distributed::ReduceOp::sum);
-  return std::vector<double>(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
-}
+using bench::NetImpl;
+using bench::per_rank;
+using bench::seconds_since;
+using bench::status_mb;
+using bench::unix_seconds;
 
 int run(int argc, char** argv) {
   CLI::App app{"Lockstep sharded training memory and speed", "bench_fsdp"};

@@ -240,8 +240,12 @@ std::unique_ptr<Source> read_sharded(const std::string& path) {
 
 // A torch.distributed.checkpoint folder, its keys mapped to Lockstep's (checkpoint/dcp_checkpoint.h).
 std::unique_ptr<Source> read_dcp(const std::string& path) {
-  return std::make_unique<ShardedSource>(path, checkpoint::read_dcp_tensors(path), checkpoint::load_dcp_pieces,
-                                         checkpoint::load_dcp);
+  return std::make_unique<ShardedSource>(
+      path, checkpoint::read_dcp_tensors(path),
+      [](const std::string& dir, const std::map<std::string, checkpoint::PieceRange>& wanted) {
+        return checkpoint::load_dcp_pieces(dir, wanted);
+      },
+      checkpoint::load_dcp);
 }
 
 // A safetensors header's metadata, where a format without a place for it leaves it out; the

@@ -69,9 +69,14 @@ std::vector<std::string> read_dcp_parameter_names(const std::string& dir);
 
 /// What load_sharded_pieces does, for a DCP checkpoint: for each key of `wanted`, the elements
 /// [begin, begin + numel) of its full tensor, copied from the chunks that hold them (only those
-/// are read), and the common dict. Throws UsageError as read_dcp_tensors does, for a damaged or
-/// missing .distcp file or record, and for a wanted key the checkpoint lacks or a range outside it.
-ShardedCheckpoint load_dcp_pieces(const std::string& dir, const std::map<std::string, PieceRange>& wanted);
+/// are read), and the common dict. `into[key]`, where given as a 1-D tensor of the range's numel
+/// and the checkpoint's dtype (a live parameter's piece, say), receives the elements and is the
+/// piece returned, so that no other memory is taken for it (PyTorch's dcp.load reads into the
+/// state dict's tensors alike); a failed read may leave it half written. Throws UsageError as
+/// read_dcp_tensors does, for a damaged or missing .distcp file or record, and for a wanted key
+/// the checkpoint lacks or a range outside it.
+ShardedCheckpoint load_dcp_pieces(const std::string& dir, const std::map<std::string, PieceRange>& wanted,
+                                  const std::map<std::string, at::Tensor>& into = {});
 
 /// The whole DCP checkpoint `dir`: the common dict and every piece key's full tensor.
 ///   CheckpointIO().save(to_full_checkpoint(load_dcp(dir)), "full.ckpt");

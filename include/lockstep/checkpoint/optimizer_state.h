@@ -16,14 +16,17 @@ namespace checkpoint {
 /// Parameters are numbered across groups in order, as Python numbers them. Adam's step is a
 /// float64 scalar tensor (Python uses float32; float64 keeps steps past 2^24 exact), and
 /// Python-only options are written with the values LibTorch implies (maximize=False,
-/// foreach=None, ...). The tensors are clones. Throws UsageError for other optimizer types.
+/// foreach=None, ...). The tensors share the optimizer's memory, as PyTorch's
+/// optimizer.state_dict(): clone them to keep values past the next step (a save writes them
+/// before that, and copies nothing). Throws UsageError for other optimizer types.
 ///   ckpt.insert("optimizer_states", c10::List<c10::IValue>({optimizer_state_dict(adam)}));
 c10::impl::GenericDict optimizer_state_dict(const torch::optim::Optimizer& optimizer);
 
 /// Restores a dict from optimizer_state_dict() into `optimizer` (the same type, the same number
 /// of groups and of parameters per group): every group's options (lr, momentum, betas, ...) and
-/// every parameter's state, converted to the parameter's dtype and device. State tensors are
-/// copied, so the dict can be loaded again. Throws UsageError naming what does not match.
+/// every parameter's state. A state tensor of the parameter's dtype and device becomes the
+/// optimizer's as it is (the dict and the optimizer then share it, as after PyTorch's
+/// load_state_dict); others are converted. Throws UsageError naming what does not match.
 void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::impl::GenericDict& state);
 
 }  // namespace checkpoint

@@ -118,6 +118,11 @@ class FSDPStrategy : public ParallelStrategy {
   /// UsageError unless the DCP checkpoint at `path` numbers its optimizer's parameters as
   /// `optimizer` does (its optimizer state is found by that number).
   void check_dcp_parameters(const std::string& path, const torch::optim::Optimizer& optimizer) const;
+  /// This rank's pieces of the parameters and buffers and the optimizers' per-element state, by
+  /// checkpoint key, sharing the live tensors' memory: a DCP load reads into them (as PyTorch's
+  /// dcp.load into get_state_dict's tensors) instead of into new memory. State an optimizer has
+  /// not made yet (before its first step) is absent.
+  std::map<std::string, torch::Tensor> live_pieces(const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers);
   /// The name of each parameter of `optimizer` (by the modules set up), for a DCP save.
   std::vector<std::string> parameter_names(const torch::optim::Optimizer& optimizer) const;
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 
@@ -129,22 +130,46 @@ c10::IValue untyped(const c10::IValue& value) {
 // built from the same parts, but with the pickler's type tags off: torch.load(weights_only=True)
 // refuses the torch.jit._pickle globals that tags and typed lists add, and it is the default
 // from PyTorch 2.6 on.
-std::vector<char> torch_save_bytes(const c10::IValue& checkpoint) {
+std::size_t torch_save(const c10::IValue& value, const WriteBytes& write) {
   std::vector<char> pickle;
   torch::jit::Pickler pickler([&](const char* bytes, size_t size) { pickle.insert(pickle.end(), bytes, bytes + size); },
                               /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
                               /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
   pickler.protocol();
-  pickler.pushIValue(untyped(checkpoint));
+  pickler.pushIValue(untyped(value));
   pickler.stop();
+  std::size_t written = 0;
+  std::exception_ptr failure;
+  {
+    // The writer must not see the failure: it would write its end again from its destructor and
+    // throw there. It ends quietly, writing nothing more, and the failure is thrown after it.
+    caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, size_t size) {
+      if (failure) return size;
+      try {
+        write(static_cast<const char*>(bytes), size);
+        written += size;
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      return size;
+    });
+    torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
+    writer.writeEndOfFile();
+  }
+  if (failure) std::rethrow_exception(failure);
+  return written;
+}
+
+std::vector<char> torch_save_bytes(const c10::IValue& value) {
   std::vector<char> archive;
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, size_t size) {
-    archive.insert(archive.end(), static_cast<const char*>(bytes), static_cast<const char*>(bytes) + size);
-    return size;
-  });
-  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
-  writer.writeEndOfFile();
+  torch_save(value, [&](const char* bytes, std::size_t size) { archive.insert(archive.end(), bytes, bytes + size); });
   return archive;
+}
+
+at::Tensor in_own_storage(const at::Tensor& tensor) {
+  const at::Tensor values = tensor.contiguous();
+  if (values.storage_offset() == 0 && values.storage().nbytes() == values.nbytes()) return values;
+  return at::from_blob(values.data_ptr(), values.sizes(), [keep = values](void*) {}, values.options());
 }
 
 }  // namespace detail
@@ -166,9 +191,8 @@ void CheckpointIO::save(const c10::IValue& checkpoint, const std::string& path) 
                        entry.key().type()->str() + " key. Use string keys such as \"state_dict\".");
     }
   }
-  const std::vector<char> bytes = detail::torch_save_bytes(checkpoint);
   detail::write_atomically(path, "saving checkpoint",
-                           [&](const detail::WriteBytes& write) { write(bytes.data(), bytes.size()); });
+                           [&](const detail::WriteBytes& write) { detail::torch_save(checkpoint, write); });
 }
 
 Checkpoint CheckpointIO::load(const std::string& path) const {

@@ -250,9 +250,11 @@ bool overlaps(const DcpChunk& chunk, const std::vector<int64_t>& shape, int64_t 
   return first < e && last >= b;
 }
 
-at::Tensor read_piece(const DcpFolder& folder, const std::string& fqn, const PieceRange& range) {
+at::Tensor read_piece(const DcpFolder& folder, const std::string& fqn, const PieceRange& range, const at::Tensor& into) {
   const auto& item = folder.metadata.items.at(fqn);
-  auto out = at::empty({range.numel}, at::TensorOptions().dtype(item.dtype));
+  const bool fits = into.defined() && into.dim() == 1 && into.numel() == range.numel && into.scalar_type() == item.dtype &&
+                    into.device().is_cpu() && into.is_contiguous();
+  auto out = fits ? into : at::empty({range.numel}, at::TensorOptions().dtype(item.dtype));
   for (const auto& chunk : item.chunks) {
     if (range.numel == 0 || !overlaps(chunk, item.size, range.begin, range.begin + range.numel)) continue;
     const auto value = read_record(folder, folder.chunks.at({fqn, chunk.offsets}));
@@ -310,7 +312,7 @@ Checkpoint common_of(const DcpFolder& folder) {
   }
   for (const auto& [fqn, item] : folder.metadata.items) {
     if (!item.is_tensor || folder.piece_of.count(fqn)) continue;
-    const auto value = read_piece(folder, fqn, {0, detail::numel_of_shape(item.size)}).reshape(item.size);
+    const auto value = read_piece(folder, fqn, {0, detail::numel_of_shape(item.size)}, at::Tensor()).reshape(item.size);
     if (!add_optimizer_value(folder, fqn, value, parts)) refuse(folder.dir, "'" + fqn + "' has no place in Lockstep's layout");
   }
   if (!parts.any) return common;
@@ -334,7 +336,8 @@ std::vector<std::string> read_dcp_parameter_names(const std::string& dir) {
   return names;
 }
 
-ShardedCheckpoint load_dcp_pieces(const std::string& dir, const std::map<std::string, PieceRange>& wanted) {
+ShardedCheckpoint load_dcp_pieces(const std::string& dir, const std::map<std::string, PieceRange>& wanted,
+                                  const std::map<std::string, at::Tensor>& into) {
   const DcpFolder folder = open_dcp(dir);
   ShardedCheckpoint out;
   out.common = common_of(folder);
@@ -347,7 +350,9 @@ ShardedCheckpoint load_dcp_pieces(const std::string& dir, const std::map<std::st
     }
     const auto& item = folder.metadata.items.at(fqn->second);
     detail::check_piece_range("load_dcp_pieces", key, range, detail::numel_of_shape(item.size), item.size);
-    out.pieces[key] = {item.size, range.begin, read_piece(folder, fqn->second, range)};
+    const auto target = into.find(key);
+    out.pieces[key] = {item.size, range.begin,
+                       read_piece(folder, fqn->second, range, target == into.end() ? at::Tensor() : target->second)};
   }
   return out;
 }

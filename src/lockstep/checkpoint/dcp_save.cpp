@@ -117,7 +117,7 @@ class ShardFile {
 
   void tensor(const std::string& fqn, const DcpPath& path, const std::vector<int64_t>& size, const DcpChunk& chunk,
               const at::Tensor& values) {
-    json entry = record(detail::torch_save_bytes(values), fqn, path);
+    json entry = record(values, fqn, path);
     entry["tensor"] = true;
     entry["dtype"] = detail::dtype_name(values.scalar_type());
     entry["size"] = size;
@@ -126,16 +126,16 @@ class ShardFile {
     index_.push_back(entry);
   }
   void bytes(const std::string& fqn, const DcpPath& path, const c10::IValue& value) {
-    json entry = record(detail::torch_save_bytes(value), fqn, path);
+    json entry = record(value, fqn, path);
     entry["tensor"] = false;
     index_.push_back(entry);
   }
 
  private:
-  json record(const std::vector<char>& bytes, const std::string& fqn, const DcpPath& path) {
-    write_(bytes.data(), bytes.size());
-    json entry = {{"fqn", fqn}, {"path", path_json(path)}, {"offset", at_}, {"length", bytes.size()}};
-    at_ += static_cast<int64_t>(bytes.size());
+  json record(const c10::IValue& value, const std::string& fqn, const DcpPath& path) {
+    const auto length = static_cast<int64_t>(detail::torch_save(value, write_));
+    json entry = {{"fqn", fqn}, {"path", path_json(path)}, {"offset", at_}, {"length", length}};
+    at_ += length;
     return entry;
   }
 
@@ -178,12 +178,13 @@ void write_piece(ShardFile& file, const std::string& key, const TensorPiece& pie
   const at::Tensor values = piece.values.detach().cpu();
   if (total == 0 && piece.begin == 0) {  // a tensor without elements: one empty chunk says its size
     file.tensor(fqn, path, piece.shape, {std::vector<int64_t>(piece.shape.size(), 0), piece.shape},
-                values.reshape(piece.shape).clone());
+                detail::in_own_storage(values.reshape(piece.shape)));
     return;
   }
   for (const auto& box : boxes_of_range(piece.shape, piece.begin, values.numel())) {
     // A box alone, in its own storage: torch.save writes a view's whole storage.
-    file.tensor(fqn, path, piece.shape, box.chunk, values.narrow(0, box.start, box.numel).reshape(box.chunk.sizes).clone());
+    file.tensor(fqn, path, piece.shape, box.chunk,
+                detail::in_own_storage(values.narrow(0, box.start, box.numel).reshape(box.chunk.sizes)));
   }
 }
 

@@ -57,7 +57,7 @@ Tensor tensor_like(const Dict& dict, const std::string& key, const Tensor& param
     mismatch(where + "[\"" + key + "\"] has shape " + c10::str(t.sizes()) + " but its parameter has shape " +
              c10::str(param.sizes()));
   }
-  return t.to(param.device(), param.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+  return t.to(param.device(), param.scalar_type());  // as it is when it matches: PyTorch's load_state_dict
 }
 
 // --- per optimizer: its options and per-parameter state in Python's names ---------------------
@@ -84,7 +84,7 @@ struct SgdLayout {
     o.nesterov(boolean(group, "nesterov", where));
   }
   static void write_state(const State& s, Dict& out) {
-    if (s.momentum_buffer().defined()) out.insert("momentum_buffer", s.momentum_buffer().clone());
+    if (s.momentum_buffer().defined()) out.insert("momentum_buffer", s.momentum_buffer());
   }
   static std::unique_ptr<State> read_state(const Dict& in, const Tensor& param, const std::string& where) {
     auto state = std::make_unique<State>();
@@ -127,9 +127,9 @@ struct AdamLayout {
   static void write_state(const State& s, Dict& out) {
     // Python keeps step as a scalar tensor; float64 holds every step count exactly.
     out.insert("step", torch::tensor(static_cast<double>(s.step()), torch::kFloat64));
-    if (s.exp_avg().defined()) out.insert("exp_avg", s.exp_avg().clone());
-    if (s.exp_avg_sq().defined()) out.insert("exp_avg_sq", s.exp_avg_sq().clone());
-    if (s.max_exp_avg_sq().defined()) out.insert("max_exp_avg_sq", s.max_exp_avg_sq().clone());
+    if (s.exp_avg().defined()) out.insert("exp_avg", s.exp_avg());
+    if (s.exp_avg_sq().defined()) out.insert("exp_avg_sq", s.exp_avg_sq());
+    if (s.max_exp_avg_sq().defined()) out.insert("max_exp_avg_sq", s.max_exp_avg_sq());
   }
   static std::unique_ptr<State> read_state(const Dict& in, const Tensor& param, const std::string& where) {
     auto state = std::make_unique<State>();

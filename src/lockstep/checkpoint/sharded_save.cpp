@@ -19,6 +19,7 @@
 #include <lockstep/core/error.h>
 
 #include "sharded_format.h"
+#include "torch_file.h"
 
 namespace lockstep {
 namespace checkpoint {
@@ -257,9 +258,8 @@ void write_shard(const std::string& tmp_dir, int rank, int world_size, const Sha
                    where, " has the shape ", detail::shape_text(piece.shape), ". Give the full tensor's shape.");
     detail::check_piece_range("write_shard", key, {piece.begin, piece.values.numel()},
                               detail::numel_of_shape(piece.shape), piece.shape);
-    at::Tensor values = piece.values.detach().cpu().contiguous();
     // torch.save writes a tensor's whole storage: a slice of a flat buffer is saved alone.
-    if (values.storage_offset() != 0 || values.storage().nbytes() != values.nbytes()) values = values.clone();
+    const at::Tensor values = detail::in_own_storage(piece.values.detach().cpu());
     Dict entry(c10::StringType::get(), c10::AnyType::get());
     entry.insert("shape", piece.shape);
     entry.insert("begin", piece.begin);

@@ -480,10 +480,33 @@ checkpoint::Checkpoint FSDPStrategy::load_checkpoint(
                    " in this run. Resume with the model that saved it.");
     wanted[item.first] = {info.begin, info.numel};
   }
-  auto mine = dcp ? checkpoint::load_dcp_pieces(path, wanted) : checkpoint::load_sharded_pieces(path, wanted);
+  auto mine = dcp ? checkpoint::load_dcp_pieces(path, wanted, live_pieces(optimizers))
+                  : checkpoint::load_sharded_pieces(path, wanted);
   std::map<std::string, torch::Tensor> tensors;
   for (auto& item : mine.pieces) tensors[item.first] = item.second.values;
   return checkpoint::to_full_checkpoint(mine.common, tensors);
+}
+
+std::map<std::string, torch::Tensor> FSDPStrategy::live_pieces(
+    const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers) {
+  std::map<std::string, torch::Tensor> live;
+  const auto add = [&](const std::string& key, const torch::Tensor& tensor) {
+    if (tensor.is_contiguous()) live[key] = tensor.reshape({-1});  // a view: reading into it fills the tensor
+  };
+  for (const auto& fsdp : all_) {
+    for (const auto& item : module_state_dict(*fsdp->base_module())) add("state_dict/" + item.key(), item.value());
+  }
+  for (size_t i = 0; i < optimizers.size(); ++i) {
+    for (const auto& entry : checkpoint::optimizer_state_dict(*optimizers[i]).at("state").toGenericDict()) {
+      for (const auto& value : entry.value().toGenericDict()) {
+        const auto& name = value.key().toStringRef();
+        if (!value.value().isTensor() || !is_per_element(name)) continue;
+        add("optimizer_states/" + std::to_string(i) + "/state/" + std::to_string(entry.key().toInt()) + "/" + name,
+            value.value().toTensor());
+      }
+    }
+  }
+  return live;
 }
 
 }  // namespace strategies

@@ -133,19 +133,20 @@ TEST(Fabric, BadOptionsAreTheTrainersUsageErrors) {
 }
 
 // Fabric::save gathers whole tensors: an FSDPStrategy that saves each rank's pieces (the Trainer's
-// sharded checkpoints) is refused before any process starts.
+// sharded or DCP checkpoints) is refused before any process starts.
 TEST(Fabric, AStrategyThatSavesPiecesIsRefused) {
-  Fabric fabric(one_process());
-  fabric.set_strategy(std::make_shared<strategies::FSDPStrategy>(distributed::ShardingOptions(),
-                                                                 strategies::StateDictType::sharded));
-  try {
-    fabric.launch();
-    ADD_FAILURE() << "a sharded state dict type was accepted";
-  } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("strategy fsdp saves each rank's pieces (FSDPStrategy with "
-                                         "StateDictType::sharded, which is for the Trainer's checkpoints). Give it "
-                                         "StateDictType::full."),
-              std::string::npos) << e.what();
+  for (const auto type : {strategies::StateDictType::sharded, strategies::StateDictType::dcp}) {
+    Fabric fabric(one_process());
+    fabric.set_strategy(std::make_shared<strategies::FSDPStrategy>(distributed::ShardingOptions(), type));
+    try {
+      fabric.launch();
+      ADD_FAILURE() << "a state dict type of pieces was accepted";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("strategy fsdp saves each rank's pieces (FSDPStrategy with "
+                                           "StateDictType::sharded or dcp, which are for the Trainer's "
+                                           "checkpoints). Give it StateDictType::full."),
+                std::string::npos) << e.what();
+    }
   }
 }
 

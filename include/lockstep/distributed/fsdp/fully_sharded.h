@@ -97,8 +97,9 @@ class FullyShardedDataParallelBase {
   };
   /// Where this rank's piece of `parameter` (one of parameters()) lies; UsageError for another tensor.
   PieceInfo piece_info(const at::Tensor& parameter) const;
-  /// This rank's piece of `parameter`'s current values: a 1-D copy (the whole, flattened, where
-  /// piece_info says it is not sharded). No collective.
+  /// This rank's piece of `parameter`'s current values, 1-D (the whole, flattened, where
+  /// piece_info says it is not sharded), sharing their memory as PyTorch's state_dict() does:
+  /// clone it to keep values past the next step. No collective.
   at::Tensor local_piece(const at::Tensor& parameter) const;
   /// Loads this rank's pieces of the parameters by name (as local_piece gives them) and buffers
   /// whole; no collective. Throws UsageError naming a piece whose size differs from piece_info's,

@@ -466,9 +466,9 @@ FullyShardedDataParallelBase::PieceInfo FullyShardedDataParallelBase::piece_info
 at::Tensor FullyShardedDataParallelBase::local_piece(const at::Tensor& parameter) const {
   const auto info = piece_info(parameter);
   const auto where = located({parameter}).front();
-  if (where.first == SIZE_MAX) return parameter.detach().reshape({-1}).clone();
+  if (where.first == SIZE_MAX) return parameter.detach().reshape({-1});
   const auto& p = units_[where.first]->parameters()[where.second];
-  return (info.sharded ? p.piece : p.whole).detach().reshape({-1}).clone();
+  return (info.sharded ? p.piece : p.whole).detach().reshape({-1});
 }
 
 void FullyShardedDataParallelBase::load_local_pieces(const std::map<std::string, at::Tensor>& pieces, bool strict) {
