@@ -38,13 +38,17 @@ struct DcpFolder {
   std::map<std::string, std::string> piece_of;  // DCP fqn -> Lockstep piece key
   std::map<std::string, std::string> fqn_of;    // Lockstep piece key -> DCP fqn
   std::map<std::string, int64_t> parameter_index;  // optimizer parameter fqn -> k
+  // Every record is read into this one buffer: a fresh one per record would fault in new pages
+  // each time (large allocations are mapped and unmapped, core/heap.h).
+  mutable std::vector<char> buffer;
 };
 
 [[noreturn]] void refuse(const fs::path& dir, const std::string& what) {
   throw UsageError("DCP checkpoint '" + dir.string() + "': " + what + ". " + kDcpFix + ".");
 }
 
-std::vector<char> read_bytes(const fs::path& path, int64_t offset, int64_t length, const fs::path& dir) {
+// Reads [offset, offset + length) of `path` into `bytes`.
+void read_bytes(const fs::path& path, int64_t offset, int64_t length, const fs::path& dir, std::vector<char>& bytes) {
   std::error_code error;
   const auto size = fs::file_size(path, error);
   if (error) refuse(dir, "'" + path.filename().string() + "' cannot be read (" + error.message() + ")");
@@ -52,11 +56,10 @@ std::vector<char> read_bytes(const fs::path& path, int64_t offset, int64_t lengt
     refuse(dir, "a record [" + std::to_string(offset) + ", +" + std::to_string(length) + ") lies past the end of '" +
                     path.filename().string() + "' (" + std::to_string(size) + " bytes): the file is truncated");
   }
-  std::vector<char> bytes(static_cast<size_t>(length));
+  bytes.resize(static_cast<size_t>(length));
   std::ifstream in(path, std::ios::binary);
   in.seekg(offset);
   if (!in.read(bytes.data(), length)) refuse(dir, "'" + path.filename().string() + "' could not be read to the end");
-  return bytes;
 }
 
 // The value torch.save wrote in `storage`'s record.
@@ -65,7 +68,8 @@ c10::IValue read_record(const DcpFolder& folder, const DcpStorage& storage) {
   if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
     refuse(folder.dir, "'" + storage.fqn + "' is stored at \"" + name + "\", which is not a file of the folder");
   }
-  const auto bytes = read_bytes(folder.dir / name, storage.offset, storage.length, folder.dir);
+  auto& bytes = folder.buffer;
+  read_bytes(folder.dir / name, storage.offset, storage.length, folder.dir, bytes);
   const std::string where = "the record of '" + storage.fqn + "' in '" + name + "'";
   if (bytes.size() < 4 || std::string(bytes.data(), 4) != std::string("PK\x03\x04", 4)) {
     refuse(folder.dir, where + " is not a torch.save archive (FileSystemWriter's default serialization_format; "
@@ -185,7 +189,8 @@ DcpFolder open_dcp(const std::string& path) {
   const fs::path metadata_path = folder.dir / detail::kDcpMetadata;
   std::error_code error;
   if (!fs::is_regular_file(metadata_path, error)) refuse(folder.dir, "there is no .metadata file in it");
-  const auto bytes = read_bytes(metadata_path, 0, static_cast<int64_t>(fs::file_size(metadata_path, error)), folder.dir);
+  std::vector<char> bytes;
+  read_bytes(metadata_path, 0, static_cast<int64_t>(fs::file_size(metadata_path, error)), folder.dir, bytes);
   auto read = detail::parse_dcp_metadata(bytes.data(), bytes.size());
   if (!read.problem.empty()) refuse(folder.dir, "its .metadata is not DCP's Metadata as Lockstep reads it: " + read.problem);
   folder.metadata = std::move(read.metadata);
