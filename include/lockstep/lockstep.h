@@ -40,6 +40,7 @@
 #include <lockstep/core/seed.h>
 #include <lockstep/core/trainer_view.h>
 #include <lockstep/core/training_module.h>
+#include <lockstep/data/batch_iterator.h>
 #include <lockstep/data/data_loader.h>
 #include <lockstep/data/dataset.h>
 #include <lockstep/data/idx_dataset.h>

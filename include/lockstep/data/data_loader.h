@@ -9,6 +9,7 @@
 
 #include <torch/arg.h>
 
+#include <lockstep/data/batch_iterator.h>
 #include <lockstep/data/dataset.h>
 #include <lockstep/data/sampler.h>
 
@@ -33,7 +34,7 @@ struct DataLoaderOptions {
 /// Iterates one epoch at a time:
 ///   DataLoader loader(dataset, DataLoaderOptions(64).shuffle(true));
 ///   loader.set_epoch(e);
-///   for (int64_t i = 0; i < loader.num_batches(); ++i) Batch b = loader.batch(i);
+///   for (Batch& batch : loader) ...           // or loader.batch(i) for i < loader.num_batches()
 /// With a DistributedSampler set (the Trainer sets one under DDP), each rank reads its share.
 class DataLoader {
  public:
@@ -45,11 +46,21 @@ class DataLoader {
   /// Replaces the index order by `sampler`'s (its shuffle and seed win over the options').
   void set_sampler(std::shared_ptr<distributed::DistributedSampler> sampler);
   bool has_sampler() const { return sampler_ != nullptr; }
+  /// The sampler set, or null.
+  const std::shared_ptr<distributed::DistributedSampler>& sampler() const { return sampler_; }
   void set_epoch(int64_t epoch);
   int64_t num_batches() const;
   /// Batch `i` of the current epoch (0 <= i < num_batches(), else a UsageError); sequential access
   /// is prefetched.
   Batch batch(int64_t i);
+  /// The dataset indices of batch `i`, in the batch's order.
+  std::vector<int64_t> batch_indices(int64_t i) const;
+  /// How many examples at the end of batch `i` are the sampler's padding: repeats of examples
+  /// that other batches hold (DistributedSampler::padding()); 0 without a sampler.
+  int64_t padding_in_batch(int64_t i) const;
+  /// Range-for over the current epoch's batches: `for (Batch& batch : loader)`.
+  BatchIterator<DataLoader> begin() { return {*this, 0}; }
+  BatchIterator<DataLoader> end() { return {*this, num_batches()}; }
   const DataLoaderOptions& options() const { return options_; }
   /// The shuffle's seed: the options' own, else the global seed (global_seed()), else 0.
   int64_t seed() const;
@@ -57,6 +68,7 @@ class DataLoader {
 
  private:
   std::vector<int64_t> epoch_indices() const;
+  void check_index(const char* what, int64_t i) const;
   Batch load(int64_t i) const;
 
   std::shared_ptr<Dataset> dataset_;

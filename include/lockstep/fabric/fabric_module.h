@@ -120,6 +120,11 @@ class FabricDataLoader {
   const std::shared_ptr<DataLoader>& loader() const { return loader_; }
   /// This object, so that a loop written for the plain loader (`loader->batch(i)`) reads this one.
   FabricDataLoader* operator->() { return this; }
+  /// This object, so that `for (Batch& batch : *loader)` over the plain loader reads this one.
+  FabricDataLoader& operator*() { return *this; }
+  /// Range-for over this rank's batches of the epoch, on the device: `for (Batch& batch : loader)`.
+  BatchIterator<FabricDataLoader> begin() { return {*this, 0}; }
+  BatchIterator<FabricDataLoader> end() { return {*this, num_batches()}; }
 
  private:
   std::shared_ptr<DataLoader> loader_;

@@ -67,18 +67,34 @@ int64_t DataLoader::num_batches() const {
   return options_.drop_last() ? n / b : (n + b - 1) / b;
 }
 
-Batch DataLoader::load(int64_t i) const {
+std::vector<int64_t> DataLoader::batch_indices(int64_t i) const {
+  check_index("batch_indices", i);
   const int64_t b = options_.batch_size();
   const auto begin = order_.begin() + i * b;
   const auto end = order_.begin() + std::min<int64_t>(static_cast<int64_t>(order_.size()), (i + 1) * b);
-  return dataset_->get_batch(std::vector<int64_t>(begin, end));
+  return std::vector<int64_t>(begin, end);
 }
 
+int64_t DataLoader::padding_in_batch(int64_t i) const {
+  check_index("padding_in_batch", i);
+  if (!sampler_ || sampler_->padding() == 0) return 0;
+  // The padding is the end of this rank's order.
+  const int64_t b = options_.batch_size(), n = static_cast<int64_t>(order_.size());
+  const int64_t first_padded = n - sampler_->padding();
+  const int64_t end = std::min(n, (i + 1) * b);
+  return std::max<int64_t>(0, end - std::max(i * b, first_padded));
+}
+
+void DataLoader::check_index(const char* what, int64_t i) const {
+  if (i >= 0 && i < num_batches()) return;
+  throw UsageError(std::string("DataLoader::") + what + ": index " + std::to_string(i) + " is outside [0, " +
+                   std::to_string(num_batches()) + "), the batches of this epoch; use an index below num_batches().");
+}
+
+Batch DataLoader::load(int64_t i) const { return dataset_->get_batch(batch_indices(i)); }
+
 Batch DataLoader::batch(int64_t i) {
-  if (i < 0 || i >= num_batches()) {
-    throw UsageError("DataLoader::batch: index " + std::to_string(i) + " is outside [0, " +
-                     std::to_string(num_batches()) + "), the batches of this epoch; use an index below num_batches().");
-  }
+  check_index("batch", i);
   Batch result;
   if (prefetch_->index == i && prefetch_->batch.valid()) {
     result = prefetch_->batch.get();

@@ -87,6 +87,51 @@ TEST(DataLoader, SamplerGivesThisRanksShare) {
   EXPECT_TRUE(r1->batch(2).target.equal(torch::tensor({0}, torch::kInt64)));  // padding repeats index 0
 }
 
+// `for (Batch& batch : loader)`, as Python's `for batch in loader`: the batches batch(i) gives.
+TEST(DataLoader, RangeForReadsTheEpochsBatches) {
+  for (bool prefetch : {false, true}) {
+    DataLoader loader(numbers(10), DataLoaderOptions(4).shuffle(true).seed(2).prefetch(prefetch));
+    loader.set_epoch(1);
+    std::vector<int64_t> seen;
+    int64_t batches = 0;
+    for (Batch& batch : loader) {
+      ++batches;
+      for (int64_t j = 0; j < batch.size(); ++j) seen.push_back(batch.target[j].item<int64_t>());
+    }
+    EXPECT_EQ(batches, 3);
+    EXPECT_EQ(seen, order_of(loader)) << "prefetch " << prefetch;
+    EXPECT_NE(seen, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9})) << "shuffled";
+    auto it = loader.begin();
+    ++it;
+    EXPECT_EQ(it.index(), 1);
+    EXPECT_TRUE(it->target.equal(loader.batch(1).target));
+  }
+  DataLoader empty_epoch(numbers(3), DataLoaderOptions(4).drop_last(true));
+  EXPECT_TRUE(empty_epoch.begin() == empty_epoch.end());
+}
+
+// Rank 1 of 3 over 10 examples with batches of 3: indices 1, 4, 7 and 0, the last a repeat.
+TEST(DataLoader, BatchIndicesAndTheSamplersPadding) {
+  DataLoader loader(numbers(10), DataLoaderOptions(3));
+  EXPECT_EQ(loader.batch_indices(3), (std::vector<int64_t>{9}));
+  EXPECT_EQ(loader.padding_in_batch(3), 0) << "no sampler";
+  auto sampler = std::make_shared<distributed::DistributedSampler>(10, distributed::SamplerOptions(3, 1).shuffle(false));
+  loader.set_sampler(sampler);
+  EXPECT_EQ(loader.sampler(), sampler);
+  ASSERT_EQ(loader.num_batches(), 2);
+  EXPECT_EQ(loader.batch_indices(0), (std::vector<int64_t>{1, 4, 7}));
+  EXPECT_EQ(loader.batch_indices(1), (std::vector<int64_t>{0}));
+  EXPECT_EQ(loader.padding_in_batch(0), 0);
+  EXPECT_EQ(loader.padding_in_batch(1), 1);
+  DataLoader pairs(numbers(10), DataLoaderOptions(2));
+  pairs.set_sampler(std::make_shared<distributed::DistributedSampler>(10, distributed::SamplerOptions(3, 2).shuffle(false)));
+  EXPECT_EQ(pairs.batch_indices(1), (std::vector<int64_t>{8, 1}));
+  EXPECT_EQ(pairs.padding_in_batch(1), 1);
+  EXPECT_EQ(pairs.padding_in_batch(0), 0);
+  EXPECT_THROW(pairs.padding_in_batch(2), UsageError);
+  EXPECT_THROW(pairs.batch_indices(-1), UsageError);
+}
+
 TEST(DataLoader, BadInput) {
   EXPECT_THROW(DataLoader(numbers(3), DataLoaderOptions(0)), UsageError);
   EXPECT_THROW(DataLoader(nullptr, DataLoaderOptions(1)), UsageError);

@@ -1,5 +1,6 @@
 #include <lockstep/data/sampler.h>
 
+#include <algorithm>
 #include <set>
 #include <sstream>
 
@@ -81,6 +82,45 @@ TEST(DistributedSampler, RanksPartitionTheEpochAndShuffleChangesWithEpoch) {
 TEST(DistributedSampler, BadOptionsAreUsageErrors) {
   EXPECT_THROW(DistributedSampler(10, SamplerOptions(2, 2)), UsageError);
   EXPECT_THROW(DistributedSampler(1, SamplerOptions(2, 0).drop_last(true)), UsageError);
+  EXPECT_THROW(DistributedSampler(10, SamplerOptions(2, 0).unrepeated(true).drop_last(true)), UsageError);
+  // Every rank refuses, not only the one left empty, so that none waits for it.
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_THROW(DistributedSampler(2, SamplerOptions(3, rank).unrepeated(true)), UsageError) << rank;
+  }
+}
+
+// 250 examples on 3 ranks: the padded split gives each rank 84, ranks 1 and 2 ending on a repeat
+// of the order's first two; the unrepeated split (Lightning's UnrepeatedDistributedSampler) 84,
+// 83 and 83, every index once, shuffled or not.
+TEST(DistributedSampler, UnrepeatedGivesEveryIndexOnce) {
+  for (bool shuffle : {false, true}) {
+    std::vector<int64_t> padded_order, unrepeated_order, firsts;
+    for (int rank = 0; rank < 3; ++rank) {
+      DistributedSampler padded(250, SamplerOptions(3, rank).shuffle(shuffle).seed(5));
+      DistributedSampler unrepeated(250, SamplerOptions(3, rank).shuffle(shuffle).seed(5).unrepeated(true));
+      EXPECT_EQ(padded.num_samples(), 84);
+      EXPECT_EQ(padded.padding(), rank == 0 ? 0 : 1) << rank;
+      EXPECT_EQ(padded.total_size(), 252);
+      EXPECT_EQ(unrepeated.num_samples(), rank == 0 ? 84 : 83) << rank;
+      EXPECT_EQ(unrepeated.padding(), 0);
+      EXPECT_EQ(unrepeated.total_size(), 250);
+      const auto p = padded.indices(), u = unrepeated.indices();
+      ASSERT_EQ(static_cast<int64_t>(u.size()), unrepeated.num_samples());
+      EXPECT_TRUE(std::equal(u.begin(), u.end(), p.begin())) << "the same share, less the repeat; rank " << rank;
+      firsts.push_back(p.front());  // the epoch order's element `rank`
+      if (rank > 0) EXPECT_EQ(p.back(), firsts[static_cast<size_t>(rank - 1)]) << "rank " << rank << " ends on a repeat";
+      padded_order.insert(padded_order.end(), p.begin(), p.end());
+      unrepeated_order.insert(unrepeated_order.end(), u.begin(), u.end());
+    }
+    EXPECT_EQ(std::set<int64_t>(unrepeated_order.begin(), unrepeated_order.end()).size(), 250u);
+    EXPECT_EQ(unrepeated_order.size(), 250u);
+    EXPECT_EQ(padded_order.size(), 252u);
+  }
+  DistributedSampler even(250, SamplerOptions(2, 1));
+  EXPECT_EQ(even.padding(), 0);
+  DistributedSampler dropped(250, SamplerOptions(3, 2).drop_last(true));
+  EXPECT_EQ(dropped.padding(), 0);
+  EXPECT_EQ(dropped.num_samples(), 83);
 }
 
 }  // namespace

@@ -209,11 +209,14 @@ TEST(Fabric, NoBackwardSyncAccumulationEqualsTheWholeBatch) {
   }
   auto loader = fabric.setup_dataloaders(std::make_shared<DataLoader>(data, DataLoaderOptions(8)));
   ASSERT_EQ(loader.num_batches(), 4);
-  for (int64_t i = 0; i < 4; ++i) {
-    Batch batch = loader.batch(i);
+  EXPECT_EQ(&*loader, &loader) << "`for (Batch& batch : *loader)` reads as over the plain loader";
+  int64_t i = 0;
+  for (Batch& batch : loader) {
     auto guard = fabric.no_backward_sync(model, i < 3);
     fabric.backward(torch::mse_loss(model(batch.data), batch.target) / 4.0);
+    ++i;
   }
+  EXPECT_EQ(i, 4);
   EXPECT_LE(max_diff(grads(*whole), grads(*parts)), 1e-6);
 }
 
