@@ -115,6 +115,7 @@
 #include <lockstep/strategies/strategy.h>
 #include <lockstep/strategies/wrapped_module.h>
 #include <lockstep/trainer/metrics.h>
+#include <lockstep/trainer/predict_options.h>
 #include <lockstep/trainer/trainer.h>
 #include <lockstep/trainer/trainer_options.h>
 #include <lockstep/trainer/training_stopped.h>

@@ -61,6 +61,7 @@ class FSDPStrategy : public ParallelStrategy {
   void teardown() override;
   torch::Tensor training_step(TrainingModule& module, Batch& batch, int64_t batch_idx) override;
   void before_evaluation_step() override;
+  bool evaluation_steps_meet() const override { return true; }
 
   double clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm, double norm_type) override;
   /// clip_grad_norm with an infinite max_norm, which clips nothing.

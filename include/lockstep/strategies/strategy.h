@@ -78,6 +78,9 @@ class Strategy {
   /// Before each validation, test and predict step, which call the module directly: a sharded
   /// strategy gathers the parameters the module's forward needs.
   virtual void before_evaluation_step() {}
+  /// Whether every rank must run as many evaluation and predict steps as the others (a sharded
+  /// strategy's steps gather parameters together): predict then keeps the padded split.
+  virtual bool evaluation_steps_meet() const { return false; }
   /// The backward of the Trainer's automatic step and of Fabric::backward: the forwards through
   /// the wrappers armed the reduction.
   virtual void backward(const torch::Tensor& loss) { loss.backward(); }
@@ -167,8 +170,9 @@ class Strategy {
 };
 
 /// Puts a DistributedSampler on `loader` when `strategy` splits data over ranks and the loader has
-/// no sampler yet; `shuffle` and the loader's seed order each epoch.
-void add_distributed_sampler(const Strategy& strategy, DataLoader& loader, bool shuffle);
+/// no sampler yet; `shuffle` and the loader's seed order each epoch, `unrepeated` gives every
+/// example once (SamplerOptions::unrepeated). True when it put one on.
+bool add_distributed_sampler(const Strategy& strategy, DataLoader& loader, bool shuffle, bool unrepeated = false);
 
 /// One process, one device: what `--strategy single_device` (and auto with one device) runs.
 class SingleDeviceStrategy : public Strategy {

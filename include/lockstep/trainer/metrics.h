@@ -27,7 +27,8 @@ class MetricCollection {
   /// Logs into `phase` again, keeping every phase's sums (training after a validation that ran
   /// within the training epoch, see val_check_interval).
   void set_phase(Phase phase) { phase_ = phase; }
-  /// The number of examples of the current batch, the weight of its values in epoch means.
+  /// The number of examples of the current batch, the weight of its values in epoch means (0: a
+  /// batch of the sampler's repeats only, whose values count nothing).
   void set_batch_size(int64_t batch_size) { batch_size_ = batch_size; }
   Phase phase() const { return phase_; }
 
@@ -43,6 +44,9 @@ class MetricCollection {
   /// Ends the epoch of the current phase: weighted means ("loss" or "loss_epoch"), reduced
   /// across ranks for sync_dist metrics with one all_reduce (through `strategy`).
   std::map<std::string, double> end_epoch(strategies::Strategy& strategy);
+  /// The last training epoch's weighted mean of each value logged on_step only, by logged name
+  /// (this rank's; a sync_dist value is reduced at each step): what the epoch's line shows.
+  const std::map<std::string, double>& train_epoch_means() const { return train_epoch_means_; }
   /// Names shown on the progress bar.
   bool on_progress_bar(const std::string& logged_name) const;
   bool to_logger(const std::string& logged_name) const;
@@ -56,7 +60,10 @@ class MetricCollection {
   };
   Phase phase_ = Phase::train;
   int64_t batch_size_ = 1;
+  static void add(EpochSum& sum, double value, int64_t weight);
   std::map<Phase, std::map<std::string, EpochSum>> epoch_;  // phase -> base name -> sums
+  std::map<std::string, EpochSum> train_steps_;  // logged name -> sums of on_step-only training values
+  std::map<std::string, double> train_epoch_means_;
   std::map<std::string, double> pending_step_;  // logged name -> value
   std::map<std::string, double> latest_step_;
   std::map<std::string, bool> prog_bar_;        // logged name -> shown

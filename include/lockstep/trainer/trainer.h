@@ -20,6 +20,7 @@
 #include <lockstep/plan/grad_scaler.h>
 #include <lockstep/strategies/strategy.h>
 #include <lockstep/trainer/metrics.h>
+#include <lockstep/trainer/predict_options.h>
 #include <lockstep/trainer/trainer_options.h>
 
 namespace lockstep {
@@ -79,13 +80,17 @@ class Trainer : public TrainerView {
                                          const std::shared_ptr<DataLoader>& loader);
   std::map<std::string, double> test(const std::shared_ptr<TrainingModule>& module,
                                      const std::shared_ptr<DataLoader>& loader);
-  /// predict_step outputs of this rank's batches.
+  /// predict_step outputs of this rank's batches. Under DDP the ranks split the loader as
+  /// Lightning's predict does: every example once, none twice, so ranks may run one batch more
+  /// than others (a strategy whose steps meet, FSDP, keeps the padded split and drops the
+  /// repeats' outputs). With `options.gather()` every rank returns all outputs in dataset order.
   std::vector<torch::Tensor> predict(const std::shared_ptr<TrainingModule>& module,
-                                     const std::shared_ptr<DataLoader>& loader);
+                                     const std::shared_ptr<DataLoader>& loader, PredictOptions options = {});
   /// The same on the DataModule's loader for the stage; a UsageError when it returns none.
   std::map<std::string, double> validate(const std::shared_ptr<TrainingModule>& module, DataModule& data);
   std::map<std::string, double> test(const std::shared_ptr<TrainingModule>& module, DataModule& data);
-  std::vector<torch::Tensor> predict(const std::shared_ptr<TrainingModule>& module, DataModule& data);
+  std::vector<torch::Tensor> predict(const std::shared_ptr<TrainingModule>& module, DataModule& data,
+                                     PredictOptions options = {});
 
   // State, as Lightning's trainer.* attributes.
   const TrainerOptions& options() const { return options_; }
@@ -141,6 +146,8 @@ class Trainer : public TrainerView {
   void record_resume(const std::string& path, const std::string& origin) const;
   std::string why_nothing_trained(int64_t epoch, int64_t max_epochs) const;
   void attach_sampler(DataLoader& loader, bool shuffle);
+  /// A validation or test loader's sampler; rank 0 says once what its padding does to `stage`.
+  void attach_evaluation_sampler(DataLoader& loader, const std::string& stage);
   /// False when --ckpt-path last finds no checkpoint (fit then starts afresh).
   bool restore(const std::string& ckpt_path);
   /// --ckpt-path last: the newest last.ckpt beside this run's folder; "" (and a note) when none.

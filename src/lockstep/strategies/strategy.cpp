@@ -59,14 +59,16 @@ void Strategy::load_optimizer_state_dict(torch::optim::Optimizer& optimizer, con
   checkpoint::load_optimizer_state_dict(optimizer, state);
 }
 
-void add_distributed_sampler(const Strategy& strategy, DataLoader& loader, bool shuffle) {
+bool add_distributed_sampler(const Strategy& strategy, DataLoader& loader, bool shuffle, bool unrepeated) {
   const auto kwargs = strategy.distributed_sampler_kwargs();
-  if (!kwargs || loader.has_sampler()) return;
+  if (!kwargs || loader.has_sampler()) return false;
   loader.set_sampler(std::make_shared<distributed::DistributedSampler>(
       loader.dataset()->size(), distributed::SamplerOptions(kwargs->first, kwargs->second)
                                     .shuffle(shuffle)
                                     .seed(loader.seed())
-                                    .drop_last(false)));
+                                    .drop_last(false)
+                                    .unrepeated(unrepeated)));
+  return true;
 }
 
 torch::Device SingleDeviceStrategy::root_device() const {

@@ -13,7 +13,20 @@
 #include "trainer_internal.h"
 
 namespace lockstep {
+namespace detail {
 
+EvaluationBatch evaluation_batch(DataLoader& loader, int64_t i) {
+  EvaluationBatch result{loader.batch(i), 0};
+  const int64_t size = result.batch.size();
+  result.counted = size - loader.padding_in_batch(i);
+  if (result.counted == 0 || result.counted == size) return result;
+  auto& target = result.batch.target;
+  result.batch.data = result.batch.data.narrow(0, 0, result.counted);
+  if (target.defined() && target.dim() > 0 && target.size(0) == size) target = target.narrow(0, 0, result.counted);
+  return result;
+}
+
+}  // namespace detail
 
 torch::Tensor Trainer::run_step(const std::function<torch::Tensor()>& step) {
   Precision::StepScope scope(plan_.precision);
@@ -76,13 +89,14 @@ std::map<std::string, double> Trainer::run_evaluation(DataLoader& loader, Phase 
   }
   const auto device = plan_.strategy->root_device();
   for (int64_t i = 0; i < max_batches; ++i) {
-    Batch batch = [&] {
+    detail::EvaluationBatch next = [&] {
       auto fetch = profile(phase == Phase::test ? "test_dataloader_next" : "val_dataloader_next");
-      return loader.batch(i);
+      return detail::evaluation_batch(loader, i);
     }();
+    Batch& batch = next.batch;
     module_->transfer_batch_to_device(batch, device);
     plan_.precision.convert_batch(batch);
-    metrics_.set_batch_size(batch.size());
+    metrics_.set_batch_size(next.counted);
     auto step = profile(phase == Phase::test ? "test_step" : "validation_step");
     run_step([&] {
       plan_.strategy->before_evaluation_step();

@@ -9,6 +9,14 @@ namespace lockstep {
 void MetricCollection::begin_epoch(Phase phase) {
   phase_ = phase;
   epoch_[phase].clear();
+  if (phase == Phase::train) train_steps_.clear();
+}
+
+// A weight of 0 leaves the sums as they are (a value times 0 would still turn them NaN).
+void MetricCollection::add(EpochSum& sum, double value, int64_t weight) {
+  if (weight == 0) return;
+  sum.weighted_sum += value * static_cast<double>(weight);
+  sum.weight += static_cast<double>(weight);
 }
 
 void MetricCollection::log(const std::string& name, double value, const LogOptions& options,
@@ -24,11 +32,12 @@ void MetricCollection::log(const std::string& name, double value, const LogOptio
     latest_step_[logged] = v;
     prog_bar_[logged] = options.prog_bar();
     logger_[logged] = options.logger();
+    if (training && !on_epoch) add(train_steps_[logged], v, batch_size_);
   }
   if (on_epoch) {
+    // Created even at weight 0: every rank must pack the same names in end_epoch.
     auto& sum = epoch_[phase_][name];
-    sum.weighted_sum += value * static_cast<double>(batch_size_);
-    sum.weight += static_cast<double>(batch_size_);
+    add(sum, value, batch_size_);
     sum.sync = sum.sync || options.sync_dist();
     sum.logged_name = both ? name + "_epoch" : name;
     prog_bar_[sum.logged_name] = options.prog_bar();
@@ -67,6 +76,12 @@ std::map<std::string, double> MetricCollection::end_epoch(strategies::Strategy& 
     values[sum.logged_name] = weight > 0 ? total / weight : 0.0;
   }
   sums.clear();
+  if (phase_ == Phase::train) {
+    train_epoch_means_.clear();
+    for (const auto& [name, sum] : train_steps_) {
+      if (sum.weight > 0) train_epoch_means_[name] = sum.weighted_sum / sum.weight;
+    }
+  }
   return values;
 }
 

@@ -234,6 +234,18 @@ void Trainer::attach_sampler(DataLoader& loader, bool shuffle) {
   if (options_.use_distributed_sampler()) strategies::add_distributed_sampler(*plan_.strategy, loader, shuffle);
 }
 
+void Trainer::attach_evaluation_sampler(DataLoader& loader, const std::string& stage) {
+  if (!options_.use_distributed_sampler() || !strategies::add_distributed_sampler(*plan_.strategy, loader, false)) return;
+  const auto& sampler = *loader.sampler();
+  const int64_t examples = loader.dataset()->size(), padded = sampler.total_size();
+  if (padded == examples || !plan_.strategy->is_global_zero()) return;
+  // As PyTorch's sampler pads; the evaluation loop leaves the repeats out of the metrics.
+  std::cerr << "lockstep: " << stage << " on " << sampler.options().num_replicas() << " ranks: the DistributedSampler "
+            << "pads " << examples << " examples to " << padded << " (" << sampler.num_samples() << " a rank) by "
+            << "repeating " << padded - examples << "; the repeats run but count nothing in the " << stage
+            << " metrics.\n";
+}
+
 void Trainer::log(const std::string& name, double value, const LogOptions& options) {
   if (sanity_checking_) return;
   metrics_.log(name, value, options, [this](double v) {
@@ -256,8 +268,9 @@ std::map<std::string, double> Trainer::test(const std::shared_ptr<TrainingModule
   return test(module, stage_loader(data.test_dataloader(), "test_dataloader"));
 }
 
-std::vector<torch::Tensor> Trainer::predict(const std::shared_ptr<TrainingModule>& module, DataModule& data) {
-  return predict(module, stage_loader(data.predict_dataloader(), "predict_dataloader"));
+std::vector<torch::Tensor> Trainer::predict(const std::shared_ptr<TrainingModule>& module, DataModule& data,
+                                            PredictOptions options) {
+  return predict(module, stage_loader(data.predict_dataloader(), "predict_dataloader"), options);
 }
 
 void Trainer::fit(const std::shared_ptr<TrainingModule>& module, const std::shared_ptr<DataLoader>& train,
@@ -282,7 +295,7 @@ void Trainer::run_fit(const std::shared_ptr<TrainingModule>& module, const std::
   setup(module);
   if (!model_summary_.empty()) std::cerr << std::exchange(model_summary_, std::string());
   attach_sampler(*train, train->options().shuffle());
-  if (val) attach_sampler(*val, false);
+  if (val) attach_evaluation_sampler(*val, "validation");
   // Checked before any hook runs, so that a bad interval stops the run before it writes anything.
   num_training_batches_ = options_.limit_train_batches().of(train->num_batches());
   val_check_batch_ = resolve_val_check_batch(options_.val_check_interval(), num_training_batches_);
@@ -338,7 +351,7 @@ std::map<std::string, double> Trainer::validate(const std::shared_ptr<TrainingMo
                                                 const std::shared_ptr<DataLoader>& loader) {
   if (!loader) throw UsageError("Trainer::validate needs a DataLoader; it was null.");
   setup(module);
-  attach_sampler(*loader, false);
+  attach_evaluation_sampler(*loader, "validation");
   num_val_batches_ = options_.limit_val_batches().of(loader->num_batches());
   return run_evaluation(*loader, Phase::validation, num_val_batches_);
 }
@@ -347,33 +360,9 @@ std::map<std::string, double> Trainer::test(const std::shared_ptr<TrainingModule
                                             const std::shared_ptr<DataLoader>& loader) {
   if (!loader) throw UsageError("Trainer::test needs a DataLoader; it was null.");
   setup(module);
-  attach_sampler(*loader, false);
+  attach_evaluation_sampler(*loader, "test");
   return run_evaluation(*loader, Phase::test,
                         options_.limit_test_batches().of(loader->num_batches()));
-}
-
-std::vector<torch::Tensor> Trainer::predict(const std::shared_ptr<TrainingModule>& module,
-                                            const std::shared_ptr<DataLoader>& loader) {
-  if (!loader) throw UsageError("Trainer::predict needs a DataLoader; it was null.");
-  setup(module);
-  attach_sampler(*loader, false);
-  torch::NoGradGuard no_grad;
-  module_->eval();
-  std::vector<torch::Tensor> outputs;
-  const auto device = plan_.strategy->root_device();
-  const int64_t batches = options_.fast_dev_run() > 0 ? std::min(options_.fast_dev_run(), loader->num_batches())
-                                                      : loader->num_batches();
-  for (int64_t i = 0; i < batches; ++i) {
-    Batch batch = loader->batch(i);
-    module_->transfer_batch_to_device(batch, device);
-    plan_.precision.convert_batch(batch);
-    outputs.push_back(run_step([&] {
-      plan_.strategy->before_evaluation_step();
-      return module_->predict_step(batch, i);
-    }));
-  }
-  module_->train();
-  return outputs;
 }
 
 void Trainer::print_fit_end(double seconds) {

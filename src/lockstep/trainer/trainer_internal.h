@@ -7,6 +7,18 @@
 #include <lockstep/trainer/trainer.h>
 
 namespace lockstep {
+namespace detail {
+
+/// Batch `i` of an evaluation or predict loader without the sampler's repeats, and how many of
+/// its examples count. A batch of repeats only stays whole and counts none: every rank still
+/// runs as many steps.
+struct EvaluationBatch {
+  Batch batch;
+  int64_t counted;
+};
+EvaluationBatch evaluation_batch(DataLoader& loader, int64_t i);
+
+}  // namespace detail
 
 template <typename Fn>
 void Trainer::each_callback(const char* hook, Fn&& fn) {
