@@ -16,7 +16,8 @@ namespace lockstep {
 /// job), plain lines every print_every_percent of an epoch, and one line per epoch:
 ///   Epoch 2:  50% 10/20 [00:01<00:01, 8.53it/s, train_loss=0.123]
 ///   Epoch 2 done: 20 batches in 00:02 (8.53it/s); train_loss=0.123, val_loss=0.456
-/// Progress shows the metrics logged with prog_bar(true); the epoch line shows every metric.
+/// Progress shows the metrics logged with prog_bar(true); the epoch line shows every metric, one
+/// logged on_step only (train_loss by default) as its mean over the epoch.
 /// Only global rank 0 writes. The Trainer adds one when enable_progress_bar is true.
 class ProgressBar : public Callback {
  public:

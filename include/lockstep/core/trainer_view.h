@@ -48,6 +48,9 @@ class TrainerView {
   /// Latest step metrics and epoch metrics, by logged name (what callbacks monitor).
   virtual const std::map<std::string, double>& callback_metrics() const = 0;
   virtual std::map<std::string, double> progress_bar_metrics() const = 0;
+  /// The last training epoch's mean of each value logged on_step only (weighted by batch size,
+  /// this rank's), by logged name: what the progress bar's epoch line shows for them.
+  virtual std::map<std::string, double> train_epoch_means() const { return {}; }
   /// Records a value as TrainingModule::log does.
   virtual void log(const std::string& name, double value, const LogOptions& options) = 0;
   /// Sends `metrics` at `step` to every logger (call on rank 0).

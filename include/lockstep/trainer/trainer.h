@@ -118,6 +118,7 @@ class Trainer : public TrainerView {
   torch::Device root_device() override;
   const std::map<std::string, double>& callback_metrics() const override { return callback_metrics_; }
   std::map<std::string, double> progress_bar_metrics() const override;
+  std::map<std::string, double> train_epoch_means() const override { return metrics_.train_epoch_means(); }
   void log(const std::string& name, double value, const LogOptions& options) override;
   void log_metrics(const std::map<std::string, double>& metrics, int64_t step) override;
   std::string log_dir() const override;

@@ -43,6 +43,14 @@ std::string with_metrics(const std::map<std::string, double>& metrics) {
   return metrics.empty() ? std::string() : "; " + metrics_text(metrics);
 }
 
+// What an epoch's line shows: every metric, with a value logged on_step only as its mean over
+// the epoch rather than its last step's.
+std::map<std::string, double> epoch_metrics(const TrainerView& trainer) {
+  auto metrics = trainer.callback_metrics();
+  for (const auto& [name, mean] : trainer.train_epoch_means()) metrics[name] = mean;
+  return metrics;
+}
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -160,14 +168,14 @@ void ProgressBar::on_train_epoch_end(TrainerView& trainer, TrainingModule& modul
   if (!trainer.is_global_zero()) return;
   const std::string label = "Epoch " + std::to_string(trainer.current_epoch());
   if (live_) {
-    draw(progress(label, batches_done_, trainer.num_training_batches(), epoch_start_, trainer.callback_metrics()),
-         true, true);
+    draw(progress(label, batches_done_, trainer.num_training_batches(), epoch_start_, epoch_metrics(trainer)), true,
+         true);
     return;
   }
   const double elapsed = seconds_since(epoch_start_);
   const double rate = elapsed > 0 ? static_cast<double>(batches_done_) / elapsed : 0.0;
   write(label + " done: " + std::to_string(batches_done_) + " batches in " + interval(elapsed) + " (" +
-        rate_text(rate) + ")" + with_metrics(trainer.callback_metrics()) + "\n");
+        rate_text(rate) + ")" + with_metrics(epoch_metrics(trainer)) + "\n");
 }
 
 }  // namespace lockstep

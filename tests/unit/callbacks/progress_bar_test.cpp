@@ -29,6 +29,16 @@ class ProgressBarTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(root); }
 
+  // Each epoch's training losses, as training_step returned them.
+  struct Losses : Callback {
+    std::string name() const override { return "Losses"; }
+    void on_train_batch_end(TrainerView& trainer, TrainingModule&, const torch::Tensor& loss, int64_t) override {
+      of_epoch.resize(static_cast<size_t>(trainer.current_epoch() + 1));
+      of_epoch.back().push_back(loss.item<double>());
+    }
+    std::vector<std::vector<double>> of_epoch;
+  };
+
   /// Fits 2 epochs of 10 training batches and 1 validation batch with `bar`; returns stderr.
   std::string fit_with(const std::shared_ptr<ProgressBar>& bar) {
     trainer = std::make_unique<Trainer>(TrainerOptions()
@@ -39,6 +49,7 @@ class ProgressBarTest : public ::testing::Test {
                                             .log_every_n_steps(1)
                                             .default_root_dir(root.string()));
     trainer->add_callback(bar);
+    trainer->add_callback(losses);
     ::testing::internal::CaptureStderr();
     trainer->fit(std::make_shared<testing::Regressor>(),
                  std::make_shared<DataLoader>(regression_data(160), DataLoaderOptions(16)),
@@ -58,6 +69,7 @@ class ProgressBarTest : public ::testing::Test {
 
   fs::path root;
   std::unique_ptr<Trainer> trainer;
+  std::shared_ptr<Losses> losses = std::make_shared<Losses>();
 };
 
 TEST_F(ProgressBarTest, PlainLinesEveryPercentAndOneSummaryPerEpoch) {
@@ -71,11 +83,20 @@ TEST_F(ProgressBarTest, PlainLinesEveryPercentAndOneSummaryPerEpoch) {
   EXPECT_EQ(epoch0[2].rfind("Epoch 0 done: 10 batches in 00:00 (", 0), 0u) << epoch0[2];
   const auto epoch1 = lines(out, "Epoch 1");
   ASSERT_EQ(epoch1.size(), 3u) << out;
-  // The last summary shows the epoch's metrics as they are at the end of fit.
+  // The last summary shows the epoch's metrics as they are at the end of fit, train_loss (logged
+  // on_step only) as its mean over the epoch's 10 batches of 16, not its last step's value.
   const auto& metrics = trainer->callback_metrics();
   const std::string val_loss = "val_loss=" + detail::short_number(metrics.at("val_loss"));
-  const std::string train_loss = "train_loss=" + detail::short_number(metrics.at("train_loss"));
-  EXPECT_NE(epoch1[2].find("; " + train_loss + ", " + val_loss), std::string::npos) << epoch1[2] << " vs " << val_loss;
+  ASSERT_EQ(losses->of_epoch.size(), 2u);
+  const auto& epoch_losses = losses->of_epoch[1];
+  ASSERT_EQ(epoch_losses.size(), 10u);
+  double mean = 0;
+  for (double loss : epoch_losses) mean += loss / 10;
+  EXPECT_NEAR(trainer->train_epoch_means().at("train_loss"), mean, 1e-6);
+  EXPECT_DOUBLE_EQ(metrics.at("train_loss"), epoch_losses.back()) << "callbacks still monitor the last step's";
+  const std::string train_loss = "train_loss=" + detail::short_number(mean);
+  ASSERT_NE(train_loss, "train_loss=" + detail::short_number(epoch_losses.back())) << "a mean that could not fail";
+  EXPECT_NE(epoch1[2].find("; " + train_loss + ", " + val_loss), std::string::npos) << epoch1[2] << " vs " << train_loss;
   EXPECT_EQ(epoch1[2].substr(epoch1[2].size() - val_loss.size()), val_loss);
 }
 
