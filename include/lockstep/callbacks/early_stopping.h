@@ -15,7 +15,10 @@ namespace lockstep {
 /// stopping_threshold (good enough) or past divergence_threshold (hopeless) stops at once. Every
 /// rank decides on its own value and the ranks agree through reduce_boolean_decision (one rank
 /// that stops stops all), so they end at the same epoch. wait_count, best_score and
-/// stopped_epoch are saved in checkpoints.
+/// stopped_epoch are saved in checkpoints. When it stops, rank 0 prints one line on stderr, e.g.
+///   lockstep: EarlyStopping stopped training at epoch 7 (monitor val_loss, mode min, best 0.123,
+///   patience 3): Monitored metric val_loss did not improve in the last 3 records. Best score: 0.123.
+/// (verbose(true) prints every check before it as well).
 ///
 ///   trainer.add_callback(std::make_shared<lockstep::EarlyStopping>(
 ///       lockstep::EarlyStoppingOptions("val_loss").patience(3).min_delta(0.01)));
@@ -48,6 +51,9 @@ class EarlyStopping : public Callback {
 
  private:
   void check(TrainerView& trainer);
+  /// The line rank 0 prints when it stops: the epoch, the metric, its best, the patience, why
+  /// (`mine`: this rank's value asked to stop, not only another rank's).
+  std::string stop_line(bool mine) const;
   /// Updates the best score and count with `current`; true when training should stop.
   bool evaluate(double current);
   bool better(double a, double b) const;

@@ -28,7 +28,8 @@ struct EarlyStoppingOptions {
   TORCH_ARG(std::optional<double>, divergence_threshold) = std::nullopt;
   /// Throw UsageError when the metric was never logged (otherwise skip the check). Default: true.
   TORCH_ARG(bool, strict) = true;
-  /// Print every improvement and the reason for stopping (rank 0, stderr). Default: false.
+  /// Print every check's outcome (rank 0, stderr); the line saying why it stopped is printed
+  /// either way. Default: false.
   TORCH_ARG(bool, verbose) = false;
   /// Check after each training epoch (true) or after each validation (false). Default: unset
   /// (true when validation runs every epoch and only at its end, as Lightning).

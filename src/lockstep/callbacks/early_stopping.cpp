@@ -73,15 +73,30 @@ void EarlyStopping::check(TrainerView& trainer) {
     if (options_.verbose() && trainer.is_global_zero()) std::cerr << "Warning: " << message << "\n";
   }
   // A rank whose own value says stop stops every rank: they must leave fit together.
+  const bool mine = stop;
   stop = trainer.any_rank(stop);
   if (stop) {
     stopped_epoch_ = trainer.current_epoch();
     trainer.request_stop();
+    if (trainer.is_global_zero()) std::cerr << stop_line(mine) << "\n";
+    return;
   }
   if (options_.verbose() && found != metrics.end() && trainer.is_global_zero()) {
     const int world = trainer.world_size();
     std::cerr << (world > 1 ? "[rank: 0] " : "") << reason_ << "\n";
   }
+}
+
+std::string EarlyStopping::stop_line(bool mine) const {
+  const std::string& monitor = options_.monitor();
+  std::string why = mine ? reason_ : "Another rank's " + monitor + " asked to stop.";
+  const std::string signaling = " Signaling Trainer to stop.";
+  if (why.size() > signaling.size() && why.compare(why.size() - signaling.size(), signaling.size(), signaling) == 0) {
+    why.erase(why.size() - signaling.size());
+  }
+  return "lockstep: EarlyStopping stopped training at epoch " + std::to_string(stopped_epoch_) + " (monitor " +
+         monitor + ", mode " + options_.mode() + ", best " + fixed3(best_score_) + ", patience " +
+         std::to_string(options_.patience()) + "): " + why;
 }
 
 bool EarlyStopping::evaluate(double current) {

@@ -72,6 +72,23 @@ TEST_F(EarlyStoppingTest, StopsAfterPatienceChecksWithoutImprovement) {
             "Trainer to stop.");
 }
 
+// Rank 0 says why it stopped, in one line: the epoch, the metric, its best, the patience.
+TEST_F(EarlyStoppingTest, SaysWhyItStoppedInOneLine) {
+  auto stopper = std::make_shared<EarlyStopping>(EarlyStoppingOptions("val_score").patience(2));
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(run({1.0, 0.8, 0.85, 0.9, 0.1}, stopper, options(5)), 4);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  const std::string line = "lockstep: EarlyStopping stopped training at epoch 3 (monitor val_score, mode min, best "
+                           "0.800, patience 2): Monitored metric val_score did not improve in the last 2 records. Best "
+                           "score: 0.800.\n";
+  EXPECT_NE(err.find(line), std::string::npos) << err;
+  EXPECT_EQ(err.find("EarlyStopping", err.find(line) + line.size()), std::string::npos) << "one line: " << err;
+  auto improving = std::make_shared<EarlyStopping>(EarlyStoppingOptions("val_score").patience(1));
+  ::testing::internal::CaptureStderr();
+  run({1.0, 0.9}, improving, options(2));
+  EXPECT_EQ(::testing::internal::GetCapturedStderr().find("EarlyStopping"), std::string::npos) << "no stop, no line";
+}
+
 TEST_F(EarlyStoppingTest, KeepsTrainingWhileItImproves) {
   auto stopper = std::make_shared<EarlyStopping>(EarlyStoppingOptions("val_score").patience(1));
   EXPECT_EQ(run({1.0, 0.9, 0.8, 0.7}, stopper, options(4)), 4);
