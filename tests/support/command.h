@@ -74,7 +74,15 @@ inline StartedCommand start_command(const std::vector<std::string>& argv, const 
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
   posix_spawnattr_t attributes;
   posix_spawnattr_init(&attributes);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+  // The stop signals at their defaults and none blocked, whatever the test runner has (a shell
+  // ignores SIGINT in what it starts with `&`): the programs' own handling is what is tested.
+  sigset_t defaults, none;
+  sigemptyset(&defaults);
+  sigemptyset(&none);
+  for (int signal : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2}) sigaddset(&defaults, signal);
+  posix_spawnattr_setsigdefault(&attributes, &defaults);
+  posix_spawnattr_setsigmask(&attributes, &none);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
   posix_spawnattr_setpgroup(&attributes, 0);
   if (posix_spawn(&started.pid, args[0], &actions, &attributes, args.data(), envp.data()) != 0) started.pid = -1;
   posix_spawnattr_destroy(&attributes);

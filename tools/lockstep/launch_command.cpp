@@ -32,7 +32,9 @@ Command add_launch_command(CLI::App& app) {
   sub->add_option("--master-addr", args->master_addr, "address of the node with rank 0")->capture_default_str();
   sub->add_option("--master-port", args->master_port, "port on that node; 0 picks a free one (one node only)")
       ->check(CLI::Range(0, 65535))->capture_default_str();
-  sub->add_option("--grace-period", args->grace_seconds, "seconds between SIGTERM and SIGKILL when a worker fails")
+  sub->add_option("--grace-period", args->grace_seconds,
+                  "seconds before SIGKILL when a worker fails, or after a forwarded Ctrl-C/SIGTERM (a "
+                  "Trainer stops and saves last.ckpt meanwhile)")
       ->check(CLI::Range(0.001, 3600.0))->capture_default_str();
   sub->add_option("--max-restarts", args->max_restarts,
                   "times to start all workers again after one fails, with a new rendezvous (one node only)")

@@ -37,10 +37,18 @@ class Error : public std::runtime_error {
   ErrorKind kind() const noexcept { return kind_; }
   /// The code a program ends with (the table above).
   int exit_code() const noexcept { return exit_code_; }
+  /// Whether this process prints the message: false on every rank but global rank 0 for an
+  /// error that all ranks raise alike (a stop they agreed on), so that cli::guarded_main prints
+  /// it once for the job.
+  bool report_here() const noexcept { return report_here_; }
+
+ protected:
+  void set_report_here(bool report) noexcept { report_here_ = report; }
 
  private:
   ErrorKind kind_;
   int exit_code_;
+  bool report_here_ = true;
 };
 
 /// Bad input from the user: an option, a flag, a device string, an argument that contradicts

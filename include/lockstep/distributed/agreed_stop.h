@@ -1,7 +1,7 @@
 #pragma once
 /// AgreedStop: every rank stops at the same step when any rank asks — because a signal reached it
-/// (SIGTERM, SLURM's SIGUSR1) or because it found its loss not finite — at no cost per step
-/// until then.
+/// (Ctrl-C's SIGINT, SIGTERM, SLURM's SIGUSR1) or because it found its loss not finite — at no
+/// cost per step until then.
 ///
 ///   distributed::AgreedStop stop(group, {SIGTERM, SIGUSR1});
 ///   for (int64_t step = 1;; ++step) {
@@ -31,7 +31,7 @@ namespace distributed {
 
 /// Why the ranks stop: the first request of the job.
 struct StopRequest {
-  /// The signal that asked (SIGTERM, SIGUSR1), or 0 for request().
+  /// The signal that asked (SIGINT, SIGTERM, SIGUSR1), or 0 for request().
   int signal = 0;
   /// The rank that asked first.
   int rank = 0;
@@ -42,8 +42,9 @@ struct StopRequest {
 class AgreedStop {
  public:
   /// Catches `signals` until destroyed (the previous handlers come back then; a second signal
-  /// meanwhile ends the process as it would have without us). `group` may be
-  /// null for one process: the stop is then at the step where the request is seen.
+  /// meanwhile ends the process as it would have without us). A signal the process ignores when
+  /// this is made stays ignored. `group` may be null for one process: the stop is then at the
+  /// step where the request is seen.
   AgreedStop(std::shared_ptr<ProcessGroup> group, const std::vector<int>& signals);
   ~AgreedStop();
   AgreedStop(const AgreedStop&) = delete;

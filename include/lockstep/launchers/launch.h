@@ -17,9 +17,10 @@ namespace launchers {
 /// (TORCHELASTIC_RESTART_COUNT), each attempt with a new rendezvous: a new rendezvous file and,
 /// when master_port is 0, a new free port. Returns 0 when all workers of an attempt exit 0, else
 /// the code of the first worker that failed in the last attempt (128+S when signal S killed it).
-/// SIGINT, SIGTERM and SIGHUP sent to this process are forwarded to the workers, which are then
-/// reaped as usual, and the result is 128+signal with no restart; a second one kills them at
-/// once.
+/// SIGINT, SIGTERM and SIGHUP sent to this process are forwarded to the workers, which get the
+/// grace period to end (a Trainer saves last.ckpt meanwhile) before SIGKILL, and the result is
+/// 128+signal with no restart; a second one (even one that came before the first was forwarded)
+/// kills them at once.
 /// Throws LaunchError before starting anything when the options are invalid (validate()) or
 /// PROGRAM does not exist or is not executable.
 /// ```

@@ -32,5 +32,11 @@ class Launcher {
 /// `cli::guarded_main` and `Trainer::fit` call it.
 int end_launched_job(int exit_code);
 
+/// For local rank 0 of a job this process launched: every rank agreed to end with `exit_code`
+/// (128 + a signal, after a stop by signal), so a worker that exits with it is not a failure
+/// that ends this process before it reports the stop. Does nothing elsewhere. `Trainer::fit`
+/// calls it.
+void expect_launched_job_exit(int exit_code);
+
 }  // namespace launchers
 }  // namespace lockstep

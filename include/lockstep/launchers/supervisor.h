@@ -74,6 +74,11 @@ class Supervisor {
   /// the grace period; at once when interrupted twice) and return 128+signal.
   void interrupt(int signal) noexcept;
 
+  /// Thread-safe: the job is ending on purpose with `exit_code` (every rank stops after a signal);
+  /// from now on a worker that exits with it is not a failure: it is neither reported nor ends
+  /// the others, and `wait()` returns 0 once all exited so.
+  void expect_exit_code(int exit_code) noexcept;
+
   /// Every worker started, in start order.
   const std::vector<Worker>& workers() const { return workers_; }
   /// Workers not yet reaped.
@@ -101,6 +106,7 @@ class Supervisor {
   std::atomic<int> interrupt_signal_{0};
   std::atomic<int> interrupt_count_{0};
   int forwarded_count_ = 0;
+  std::atomic<int> expected_exit_code_{0};  // 0: none
   std::optional<TimePoint> kill_at_;
 };
 

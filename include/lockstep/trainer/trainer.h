@@ -71,6 +71,10 @@ class Trainer : public TrainerView {
   void set_checkpoint_io(std::shared_ptr<checkpoint::CheckpointIO> io);
   checkpoint::CheckpointIO& checkpoint_io() const { return *checkpoint_io_; }
 
+  /// Trains, validating on `val` (may be null). Ctrl-C (SIGINT), SIGTERM or SIGUSR1 to any rank
+  /// stops every rank after the same step: last.ckpt is saved (after SIGINT only when
+  /// checkpointing is on) and fit throws StoppedBySignal (training_stopped.h); a second signal
+  /// ends the process at once.
   void fit(const std::shared_ptr<TrainingModule>& module, const std::shared_ptr<DataLoader>& train,
            const std::shared_ptr<DataLoader>& val = nullptr);
   /// Trains on data.train_dataloader(), validating on data.val_dataloader() (may be null).

@@ -14,7 +14,7 @@ int run_guarded(const std::string& program, const std::function<int()>& body) {
   try {
     return body();
   } catch (const Error& e) {
-    std::cerr << program << ": error: " << e.what() << std::endl;
+    if (e.report_here()) std::cerr << program << ": error: " << e.what() << std::endl;
     return e.exit_code();
   } catch (const std::exception& e) {
     std::cerr << program << ": error: " << message_of(e) << std::endl;

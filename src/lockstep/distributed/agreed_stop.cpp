@@ -32,7 +32,7 @@ std::string signal_name(int signal) {
     case SIGTERM: return "SIGTERM";
     case SIGUSR1: return "SIGUSR1";
     case SIGUSR2: return "SIGUSR2";
-    case SIGINT: return "SIGINT";
+    case SIGINT: return "SIGINT (Ctrl-C)";
     default: return "signal " + std::to_string(signal);
   }
 }
@@ -128,6 +128,10 @@ AgreedStop::AgreedStop(std::shared_ptr<ProcessGroup> group, const std::vector<in
   }
   caught.store(0);
   for (int signal : signals) {
+    // A signal the process ignores (SIGINT for a job started in the background with `&`) stays
+    // ignored, as Python leaves it.
+    struct sigaction current {};
+    if (::sigaction(signal, nullptr, &current) != 0 || current.sa_handler == SIG_IGN) continue;
     struct sigaction action {};
     action.sa_handler = record_signal;
     sigemptyset(&action.sa_mask);

@@ -249,5 +249,11 @@ int end_launched_job(int exit_code) {
   return job == nullptr ? exit_code : job->end_after_own_failure(exit_code);
 }
 
+void expect_launched_job_exit(int exit_code) {
+  detail::LocalJob* job = detail::LocalJob::current();
+  // In a forked worker the copy of the job is never used: harmless there.
+  if (job != nullptr) job->supervisor().expect_exit_code(exit_code);
+}
+
 }  // namespace launchers
 }  // namespace lockstep

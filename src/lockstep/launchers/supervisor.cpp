@@ -206,8 +206,10 @@ void Supervisor::reap(bool block) {
                                        ", exit code " + std::to_string(*worker.exit_code)
                                  : "exited with code " + std::to_string(*worker.exit_code);
     }
-    // A worker that fails while the job goes down on a forwarded signal is not its cause.
-    if (*worker.exit_code != 0 && !failure_ && forwarded_count_ == 0) {
+    // A worker that fails while the job goes down on a forwarded signal is not its cause, nor is
+    // one that stops with the code the job agreed to end with.
+    const bool expected = *worker.exit_code == expected_exit_code_.load();
+    if (*worker.exit_code != 0 && !expected && !failure_ && forwarded_count_ == 0) {
       failure_ = i;
       failure_text_ = what;
     }
@@ -261,6 +263,8 @@ void Supervisor::terminate_all() {
   finish_running(true);
   failure_reported_ = true;
 }
+
+void Supervisor::expect_exit_code(int exit_code) noexcept { expected_exit_code_.store(exit_code); }
 
 void Supervisor::interrupt(int signal) noexcept {
   interrupt_signal_.store(signal);
@@ -316,7 +320,9 @@ void Supervisor::forward_interrupt() {
         " worker(s)");
     signal_workers(signal);
     kill_at_ = Clock::now() + grace_period_;
-  } else {
+  }
+  // Two signals before this poll (a quick double Ctrl-C) are a second one too.
+  if (count - forwarded_count_ > 1 || forwarded_count_ > 0) {
     say("received " + signal_name(signal) + " again; killing " + std::to_string(running()) +
         " worker(s)");
     kill_at_ = Clock::now();

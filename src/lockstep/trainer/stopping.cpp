@@ -1,5 +1,7 @@
 // The Trainer's agreed stops (distributed::AgreedStop): a loss that is not finite, and a signal
-// (SIGTERM, SLURM's SIGUSR1) after which every rank saves last.ckpt and ends at the same step.
+// (Ctrl-C's SIGINT, SIGTERM, SLURM's SIGUSR1) after which every rank saves last.ckpt and ends at
+// the same step.
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
@@ -7,6 +9,8 @@
 
 #include <torch/torch.h>
 
+#include <lockstep/callbacks/model_checkpoint.h>
+#include <lockstep/launchers/launcher.h>
 #include <lockstep/loggers/logger.h>
 #include <lockstep/trainer/trainer.h>
 #include <lockstep/trainer/training_stopped.h>
@@ -50,23 +54,39 @@ void Trainer::end_stopped_fit(const distributed::StopRequest& request) {
                         "rate, clip gradients (--gradient-clip-val), check the data, or find the operation that made "
                         "it with --detect-anomaly true.");
   }
+  // Every rank ends with this code: under self-launch the workers' exits are then not failures
+  // that would end this rank before it reports the stop.
+  launchers::expect_launched_job_exit(128 + request.signal);
   for (auto& logger : loggers_) logger->finalize("interrupted");
+  const bool is_zero = plan_.strategy->is_global_zero();
+  // Ctrl-C saves only where checkpointing is on; a scheduler's signal always does, so that the
+  // job it stops (or requeues) can continue.
+  const bool checkpointing = options_.enable_checkpointing() ||
+                             std::any_of(callbacks_.begin(), callbacks_.end(), [](const auto& c) {
+                               return dynamic_cast<const ModelCheckpoint*>(c.get()) != nullptr;
+                             });
+  if (request.signal == SIGINT && !checkpointing) {
+    throw StoppedBySignal(request.reason + ": every rank stopped " + where +
+                              "; nothing saved (--enable-checkpointing false).",
+                          request.signal, is_zero);
+  }
   std::string requeued;
   const auto requeue = [&] {
-    requeued = plan_.strategy->is_global_zero() ? requeue_under_slurm(request.signal) : "";
+    requeued = is_zero ? requeue_under_slurm(request.signal) : "";
     if (!requeued.empty()) std::cerr << "lockstep:" + requeued + "\n";
   };
   // Under srun the checkpoint comes first, as in Lightning: a requeue makes SLURM SIGTERM the tasks
   // within milliseconds (10-20 ms on the live test's cluster), and that second signal ends a process
-  // at once. Under self-launch the requeue comes first: once the checkpoint's barrier is passed the
-  // other ranks exit, and their exit ends this process at once.
+  // at once. Under self-launch the requeue comes first, chosen when the workers' exit after the
+  // checkpoint's barrier ended this process at once (expect_launched_job_exit above now prevents
+  // that); no live test runs SLURM with self-launch.
   if (plan_.self_launched) requeue();
   const std::string path = (std::filesystem::path(log_dir_) / "checkpoints" / "last.ckpt").string();
   save_checkpoint(path);  // every rank takes part; rank 0 writes, atomically
   if (!plan_.self_launched) requeue();
   throw StoppedBySignal(request.reason + ": every rank stopped " + where + " and saved " + path +
                             ". Continue with --ckpt-path last." + requeued,
-                        request.signal);
+                        request.signal, is_zero);
 }
 
 }  // namespace lockstep

@@ -299,9 +299,9 @@ void Trainer::run_fit(const std::shared_ptr<TrainingModule>& module, const std::
   // Checked before any hook runs, so that a bad interval stops the run before it writes anything.
   num_training_batches_ = options_.limit_train_batches().of(train->num_batches());
   val_check_batch_ = resolve_val_check_batch(options_.val_check_interval(), num_training_batches_);
-  // From here every rank stops at the same step when one is signalled or gets a loss that is not
-  // finite; the previous signal handlers come back when fit ends.
-  distributed::AgreedStop agreed_stop(plan_.strategy->group(), {SIGTERM, SIGUSR1});
+  // From here every rank stops at the same step when one is signalled (Ctrl-C included) or gets a
+  // loss that is not finite; the previous signal handlers come back when fit ends.
+  distributed::AgreedStop agreed_stop(plan_.strategy->group(), {SIGINT, SIGTERM, SIGUSR1});
   agreed_stop_ = &agreed_stop;
   stop_request_.reset();
   struct Forget {

@@ -92,6 +92,26 @@ TEST(AgreedStop, ASecondSignalEndsTheProcessAsTheSignalWould) {
       ::testing::KilledBySignal(SIGTERM), "");
 }
 
+// A job started in the background (`./train &` in a script) ignores SIGINT: it goes on ignoring it.
+TEST(AgreedStop, ASignalTheProcessIgnoresStaysIgnored) {
+  struct sigaction ignore {}, before {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  ::sigaction(SIGINT, &ignore, &before);
+  {
+    AgreedStop stop(nullptr, {SIGINT});
+    std::raise(SIGINT);
+    EXPECT_FALSE(stop.at_step(1));
+    struct sigaction during {};
+    ::sigaction(SIGINT, nullptr, &during);
+    EXPECT_EQ(during.sa_handler, SIG_IGN);
+  }
+  struct sigaction after {};
+  ::sigaction(SIGINT, nullptr, &after);
+  EXPECT_EQ(after.sa_handler, SIG_IGN);
+  ::sigaction(SIGINT, &before, nullptr);
+}
+
 }  // namespace
 }  // namespace distributed
 }  // namespace lockstep

@@ -181,6 +181,40 @@ TEST_F(launch_supervisor, InterruptIsForwardedAndGivesItsCode) {
   EXPECT_FALSE(supervisor.first_failure()) << "exits after a forwarded signal are not failures";
 }
 
+// Every rank agreed to stop with 130 (a Trainer after Ctrl-C): workers exiting so are not failures.
+TEST_F(launch_supervisor, AnExpectedExitCodeIsNotAFailure) {
+  Supervisor supervisor(milliseconds(2000));
+  shell(supervisor, 0, "exit 130");
+  shell(supervisor, 1, "sleep 0.2; exit 130");
+  supervisor.expect_exit_code(130);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(supervisor.wait(), 0);
+  const std::string report = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(report, "");
+  EXPECT_FALSE(supervisor.first_failure());
+  EXPECT_EQ(supervisor.workers()[1].exit_code, 130);
+}
+
+// Two Ctrl-Cs before the next poll are a second one: forwarded, then SIGKILL without the grace
+// period (the workers ignore SIGINT; without the kill the test would wait the 60 s grace).
+TEST_F(launch_supervisor, TwoInterruptsAtOnceKillTheWorkers) {
+  TempDir dir;
+  Supervisor supervisor(milliseconds(60000));
+  for (int rank = 0; rank < 2; ++rank) {
+    shell(supervisor, rank, "trap '' INT; touch " + dir.file("ready." + std::to_string(rank)) + "; exec sleep 30");
+  }
+  ASSERT_TRUE(wait_for_files({dir.file("ready.0"), dir.file("ready.1")}, milliseconds(5000)));
+  supervisor.interrupt(SIGINT);
+  supervisor.interrupt(SIGINT);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(supervisor.wait(), 128 + SIGINT);
+  const std::string report = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(report.find("forwarding it to 2 worker(s)"), std::string::npos) << report;
+  EXPECT_NE(report.find("again; killing 2 worker(s)"), std::string::npos) << report;
+  EXPECT_EQ(supervisor.workers()[0].exit_code, 128 + SIGKILL);
+  EXPECT_EQ(supervisor.workers()[1].exit_code, 128 + SIGKILL);
+}
+
 TEST_F(launch_supervisor, ParentDeathKillsTheWorker) {
   // A child process owns the Supervisor; SIGKILL it and its worker must die (PR_SET_PDEATHSIG).
   TempDir dir;
