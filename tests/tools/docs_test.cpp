@@ -6,7 +6,9 @@
 // build, which gives them only <torch/torch.h> precompiled.
 // A C++ block in README.md or docs/*.md that holds `int main(` must be marked `<!-- compile -->`
 // on the line before it; `<!-- compile: prefix -->` marks a block that later compiled blocks of
-// the same file build on (a class defined once, used in the next block).
+// the same file build on (a class defined once, used in the next block). README's "Use it in your
+// project" marks its files `<!-- project: NAME -->` instead: they are built as the project they
+// describe, against the package installed into a prefix, and run as its last command says.
 #include <gtest/gtest.h>
 
 #include <algorithm>
