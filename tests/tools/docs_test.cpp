@@ -6,7 +6,9 @@
 // build, which gives them only <torch/torch.h> precompiled.
 // A C++ block in README.md or docs/*.md that holds `int main(` must be marked `<!-- compile -->`
 // on the line before it; `<!-- compile: prefix -->` marks a block that later compiled blocks of
-// the same file build on (a class defined once, used in the next block).
+// the same file build on (a class defined once, used in the next block). README's "Use it in your
+// project" marks its files `<!-- project: NAME -->` instead: they are built as the project they
+// describe, against the package installed into a prefix, and run as its last command says.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,6 +21,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "../support/command.h"
 #include "../support/paths.h"
@@ -61,6 +65,8 @@ std::vector<Program> programs_in(const fs::path& markdown) {
       prefix += code;
     } else if (previous == "<!-- compile -->") {
       programs.push_back({name, kPreamble + prefix + code});
+    } else if (previous.rfind("<!-- project: ", 0) == 0) {
+      // README's "Use it in your project": built as its own project (readme_project).
     } else if (code.find("int main(") != std::string::npos) {
       ADD_FAILURE() << markdown << ":" << first << " is a program but not marked <!-- compile -->";
     }
@@ -78,6 +84,40 @@ std::vector<Program> documented_programs() {
   return all;
 }
 
+// README's "Use it in your project": the blocks marked `<!-- project: NAME -->` on the line before
+// them, by NAME (CMakeLists.txt, main.cpp, and `commands`: the shell lines that build and run it).
+std::map<std::string, std::string> readme_project() {
+  std::ifstream in(source_dir / "README.md");
+  static const std::regex marker(R"(<!-- project: (\S+) -->)");
+  std::map<std::string, std::string> files;
+  std::string name;
+  for (std::string line; std::getline(in, line);) {
+    std::smatch match;
+    if (std::regex_match(line, match, marker)) {
+      name = match[1];
+    } else if (!name.empty() && line.rfind("```", 0) == 0) {
+      std::string text;
+      while (std::getline(in, line) && line != "```") text += line + "\n";
+      files[name] = text;
+      name.clear();
+    }
+  }
+  return files;
+}
+
+// The words of the last line of `commands` (the one that runs the program), its comment left out.
+std::vector<std::string> last_command(const std::string& commands) {
+  std::istringstream lines(commands);
+  std::string last;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find_first_not_of(' ') != std::string::npos) last = line.substr(0, line.find('#'));
+  }
+  std::istringstream words(last);
+  std::vector<std::string> command;
+  for (std::string word; words >> word;) command.push_back(word);
+  return command;
+}
+
 // Installs the package under `scratch` and returns its prefix.
 std::string installed_package(const testing::TempDir& scratch) {
   const std::string prefix = scratch / "prefix";
@@ -85,6 +125,34 @@ std::string installed_package(const testing::TempDir& scratch) {
                                   {{"PATH", "/usr/bin:/bin"}}, std::chrono::seconds(120));
   EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
   return prefix;
+}
+
+// Configures and builds the CMake project in `project` against the package installed at `prefix`,
+// into project/build. `scratch` holds both: the compiler cache takes paths under it as relative.
+testing::CommandResult configure_and_build(const fs::path& project, const std::string& prefix,
+                                           const std::string& scratch) {
+  const std::map<std::string, std::string> env{{"PATH", "/usr/bin:/bin"}, {"HOME", "/tmp"}};
+  // Torch where this build found it (PyPI's wheel for build-libtorch2; Debian's is found anyway).
+  const std::string torch = LOCKSTEP_PREFIX_PATH;
+  // Through the build's compiler cache, paths taken relative to the scratch folder: an unchanged
+  // program compiles once per cache, not once per run (scripts/compiler-launcher).
+  std::map<std::string, std::string> cache_env{{"PATH", "/usr/bin:/bin"}, {"HOME", "/tmp"}};
+  for (const char* name : {"HOME", "CCACHE_DIR"}) {
+    if (const char* value = std::getenv(name)) cache_env[name] = value;
+  }
+  const auto launcher =
+      run_command({source_dir / "scripts/compiler-launcher", scratch}, cache_env, std::chrono::seconds(30)).out_lines();
+  auto result = run_command({"/usr/bin/cmake", "-S", project, "-B", project / "build", "-G", "Ninja",
+                             "-DCMAKE_PREFIX_PATH=" + prefix + (torch.empty() ? "" : ";" + torch),
+                             "-DCMAKE_CXX_COMPILER_LAUNCHER=" + (launcher.empty() ? "" : launcher.front()),
+                             // The package's own compiler (scripts/setup: clang++); scripts/test
+                             // builds its package consumer with the system's default (g++).
+                             std::string("-DCMAKE_CXX_COMPILER=") + LOCKSTEP_CXX_COMPILER,
+                             // No optimisation: what is checked is that they compile, link and run.
+                             "-DCMAKE_BUILD_TYPE=None"},
+                            env, std::chrono::seconds(120));
+  if (result.exit_code != 0) return result;
+  return run_command({"/usr/bin/cmake", "--build", project / "build", "--parallel", "2"}, env, std::chrono::seconds(900));
 }
 
 // Builds every program as its own executable in a fresh project; returns the build's result.
@@ -114,28 +182,7 @@ testing::CommandResult build(const std::vector<Program>& programs, const std::ve
     }
   }
   cmake.close();
-  const std::map<std::string, std::string> env{{"PATH", "/usr/bin:/bin"}, {"HOME", "/tmp"}};
-  // Torch where this build found it (PyPI's wheel for build-libtorch2; Debian's is found anyway).
-  const std::string torch = LOCKSTEP_PREFIX_PATH;
-  // Through the build's compiler cache, paths taken relative to the scratch project: an unchanged
-  // program compiles once per cache, not once per run (scripts/compiler-launcher).
-  std::map<std::string, std::string> cache_env{{"PATH", "/usr/bin:/bin"}, {"HOME", "/tmp"}};
-  for (const char* name : {"HOME", "CCACHE_DIR"}) {
-    if (const char* value = std::getenv(name)) cache_env[name] = value;
-  }
-  const auto launcher =
-      run_command({source_dir / "scripts/compiler-launcher", dir.path()}, cache_env, std::chrono::seconds(30)).out_lines();
-  auto result = run_command({"/usr/bin/cmake", "-S", dir.path(), "-B", dir / "build", "-G", "Ninja",
-                             "-DCMAKE_PREFIX_PATH=" + prefix + (torch.empty() ? "" : ";" + torch),
-                             "-DCMAKE_CXX_COMPILER_LAUNCHER=" + (launcher.empty() ? "" : launcher.front()),
-                             // The package's own compiler (scripts/setup: clang++); scripts/test
-                             // builds its package consumer with the system's default (g++).
-                             std::string("-DCMAKE_CXX_COMPILER=") + LOCKSTEP_CXX_COMPILER,
-                             // No optimisation: what is checked is that they compile, link and run.
-                             "-DCMAKE_BUILD_TYPE=None"},
-                            env, std::chrono::seconds(120));
-  if (result.exit_code != 0) return result;
-  return run_command({"/usr/bin/cmake", "--build", dir / "build", "--parallel", "2"}, env, std::chrono::seconds(900));
+  return configure_and_build(dir.path(), prefix, dir.path());
 }
 
 TEST(DocsCompile, EveryDocumentedProgramAndExampleBuildsAgainstTheInstalledPackage) {
@@ -171,6 +218,51 @@ TEST(DocsCompile, EveryDocumentedProgramAndExampleBuildsAgainstTheInstalledPacka
   }
   EXPECT_LT(losses[0], 1.0f) << "one epoch of SGD on Fashion-MNIST ends near 0.6";
   EXPECT_LT(losses[2], losses[0]) << run.out;
+}
+
+// README's "Use it in your project", done as it says: the package installed into a prefix, the
+// README's CMakeLists.txt and main.cpp built against it in a folder of their own, and its last
+// command run there (`build/train --devices 2 --max-epochs 5`): the program starts rank 1 itself,
+// each rank trains on half of the 2048 examples, and the epochs' mean loss falls.
+TEST(DocsCompile, TheReadmeProjectTrainsOnTwoRanksAgainstTheInstalledPackage) {
+  testing::TempDir dir("lockstep_readme_project");
+  const auto files = readme_project();
+  for (const char* name : {"CMakeLists.txt", "main.cpp", "commands"}) {
+    ASSERT_TRUE(files.count(name)) << "README.md has no block marked <!-- project: " << name << " -->";
+  }
+  const fs::path project = dir / "project";
+  fs::create_directories(project);
+  for (const char* name : {"CMakeLists.txt", "main.cpp"}) std::ofstream(project / name) << files.at(name);
+  const auto built = configure_and_build(project, installed_package(dir), dir.path());
+  ASSERT_EQ(built.exit_code, 0) << built.out << built.err;
+
+  auto command = last_command(files.at("commands"));
+  ASSERT_FALSE(command.empty());
+  ASSERT_EQ(command.front(), "build/train") << "README's last command runs the program it built";
+  command.insert(command.begin(), {"/usr/bin/env", "-C", project.string()});  // run in the project's folder
+  const auto run = run_command(command, {{"PATH", "/usr/bin:/bin"}, {"HOME", "/tmp"}}, std::chrono::seconds(120));
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  const auto lines = run.out_lines();
+  const auto end = std::find_if(lines.begin(), lines.end(),
+                                [](const std::string& line) { return line.find("\"event\":\"fit_end\"") != std::string::npos; });
+  ASSERT_NE(end, lines.end()) << run.out;
+  const auto fit_end = nlohmann::json::parse(*end);
+  EXPECT_EQ(fit_end.at("world_size"), 2) << *end;
+  EXPECT_EQ(fit_end.at("global_step"), 5 * 16) << "5 epochs of 1024 examples a rank in batches of 64: " << *end;
+
+  // Rank 0's line per epoch, "Epoch N done: ...; train_loss=X" (the epoch's mean): one each.
+  const std::regex done(R"(^Epoch (\d+) done: .*train_loss=([0-9.e+-]+))");
+  std::vector<double> means;
+  std::istringstream err(run.err);
+  for (std::string line; std::getline(err, line);) {
+    std::smatch match;
+    if (!std::regex_search(line, match, done)) continue;
+    EXPECT_EQ(std::stoul(match[1]), means.size()) << line;
+    means.push_back(std::stod(match[2]));
+  }
+  ASSERT_EQ(means.size(), 5u) << run.err;
+  // Measured 0.96 in the first epoch and 0.0936 in the fifth (2026-12-05).
+  EXPECT_LT(means.back(), means.front() / 2) << run.err;
 }
 
 // The same machinery fails, naming the block, when a block is broken (here: README's first
