@@ -13,6 +13,7 @@
 #include <lockstep/callbacks/metric_format.h>
 #include <lockstep/callbacks/model_checkpoint.h>
 #include <lockstep/callbacks/model_checkpoint_options.h>
+#include <lockstep/callbacks/on_exception_checkpoint.h>
 #include <lockstep/callbacks/profiler.h>
 #include <lockstep/callbacks/progress_bar.h>
 #include <lockstep/callbacks/progress_bar_options.h>
@@ -36,6 +37,7 @@
 #include <lockstep/core/model_summary.h>
 #include <lockstep/core/number_text.h>
 #include <lockstep/core/optimizer_config.h>
+#include <lockstep/core/reduce_lr_on_plateau.h>
 #include <lockstep/core/retry.h>
 #include <lockstep/core/seed.h>
 #include <lockstep/core/trainer_view.h>

@@ -2,6 +2,7 @@
 /// Callback: code that runs at points of the Trainer's loops (checkpoints, early stopping,
 /// progress bars). Override only the hooks you need; each runs on every rank.
 
+#include <exception>
 #include <string>
 
 #include <ATen/core/ivalue.h>
@@ -33,6 +34,11 @@ class Callback {
   virtual void on_test_end(TrainerView& trainer, TrainingModule& module) {}
   /// Just before an optimizer step (gradients are synchronised and clipped).
   virtual void on_before_optimizer_step(TrainerView& trainer, TrainingModule& module) {}
+
+  /// When fit ends by an exception once it started (after on_fit_start), before the exception
+  /// goes on; on each rank that raised it. Other ranks may be stuck in a collective or gone, so
+  /// call none (TrainerView::save_checkpoint_alone writes without one).
+  virtual void on_exception(TrainerView& trainer, TrainingModule& module, const std::exception& error) {}
 
   /// State saved in checkpoints and restored on resume.
   virtual c10::IValue state_dict() const { return c10::IValue(); }

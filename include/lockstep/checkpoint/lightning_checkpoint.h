@@ -20,7 +20,8 @@ bool is_lightning_checkpoint(const Checkpoint& checkpoint);
 /// A Lightning checkpoint in the Trainer's own layout, and what of it did not carry over.
 struct LightningResume {
   /// "state_dict" (renamed to the module's names), "optimizer_states" (Python's layout, as the
-  /// Trainer's own), "lr_schedulers" ({"epoch_steps", "step_steps"}), "epoch", "global_step",
+  /// Trainer's own), "lr_schedulers" ({"epoch_steps", "step_steps", "plateau": each
+  /// ReduceLROnPlateau's counters}), "epoch", "global_step",
   /// "loops" ({"next_epoch", "next_batch"}).
   Checkpoint checkpoint;
   /// One paragraph for the user: what was taken (weights, optimizer, schedulers' step counts,

@@ -9,13 +9,23 @@
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
 
+#include <lockstep/core/reduce_lr_on_plateau.h>
+
 namespace lockstep {
 
-/// An LR scheduler and when it steps.
+/// An LR scheduler and when it steps, as Lightning's lr_scheduler_config dict:
+///   {std::make_shared<torch::optim::StepLR>(*sgd, 10), "epoch"}
+///   {std::make_shared<lockstep::ReduceLROnPlateau>(*sgd), "epoch", "val_loss"}
 struct SchedulerConfig {
   std::shared_ptr<torch::optim::LRScheduler> scheduler;
-  /// "epoch" (after each training epoch) or "step" (after each optimizer step).
+  /// "epoch" (after each training epoch and its validation) or "step" (after each optimizer step
+  /// and its batch's hooks).
   std::string interval = "epoch";
+  /// The logged metric a ReduceLROnPlateau steps with (required for one, refused for others).
+  std::string monitor;
+  /// A monitored metric missing when the scheduler steps is an error naming those logged; false:
+  /// rank 0 warns once and the step is skipped.
+  bool strict = true;
 };
 
 /// What configure_optimizers returns: one or more optimizers, and optional schedulers.

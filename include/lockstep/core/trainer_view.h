@@ -74,6 +74,10 @@ class TrainerView {
   /// path ending in ".safetensors" or ".safetensors.index.json" gets the module's weights alone
   /// (Strategy::save_safetensors: the index form writes one shard per rank).
   virtual void save_checkpoint(const std::string& path) = 0;
+  /// Writes a checkpoint of this rank's whole training state with no collective, for a run that is
+  /// failing (other ranks may be stuck or gone); any rank may call it. False, writing nothing, where
+  /// the state is sharded over the ranks (FSDP) and this rank holds only its pieces.
+  virtual bool save_checkpoint_alone(const std::string& path) { return false; }
   /// Removes a checkpoint through the Trainer's CheckpointIO (call on rank 0); for a safetensors
   /// index, its shards too.
   virtual void remove_checkpoint(const std::string& path) = 0;

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -134,6 +135,7 @@ class Trainer : public TrainerView {
   /// Set by a callback (EarlyStopping) to end fit after the current epoch; all ranks agree.
   void request_stop() override { should_stop_ = true; }
   void save_checkpoint(const std::string& path) override;
+  bool save_checkpoint_alone(const std::string& path) override;
   int64_t fast_dev_run() override { return options_.fast_dev_run(); }
   void remove_checkpoint(const std::string& path) override;
   std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor) override;
@@ -144,6 +146,8 @@ class Trainer : public TrainerView {
   void run_fit(const std::shared_ptr<TrainingModule>& module, const std::shared_ptr<DataLoader>& train,
                const std::shared_ptr<DataLoader>& val);
   void setup(const std::shared_ptr<TrainingModule>& module);
+  /// Callbacks' on_exception, when fit fails once started; a hook's own error is reported, not thrown.
+  void notify_exception(const std::exception& error);
   void check_resume_source();
   /// --init-weights: the file read before launch, then loaded into the module before it is set up.
   void check_init_weights_source();
@@ -175,6 +179,17 @@ class Trainer : public TrainerView {
   [[noreturn]] void end_stopped_fit(const distributed::StopRequest& request);
   std::map<std::string, double> run_evaluation(DataLoader& loader, Phase phase, int64_t max_batches);
   void optimizer_step();
+  /// A null scheduler, an unknown interval, a ReduceLROnPlateau without monitor (or a monitor on another).
+  void check_schedulers() const;
+  /// Steps the schedulers of `interval` ("epoch", "step"), each ReduceLROnPlateau with its metric.
+  void step_schedulers(const std::string& interval);
+  /// Rank 0's value of the metric `config` monitors, on every rank; none (after one warning) when
+  /// missing and not strict; a UsageError naming the logged metrics when strict.
+  std::optional<double> monitored_value(const SchedulerConfig& config, size_t index);
+  /// Each scheduler's ReduceLROnPlateau state, in order (an empty dict for other schedulers).
+  c10::impl::GenericList plateau_states() const;
+  /// A checkpoint's "lr_schedulers": step counts replayed, ReduceLROnPlateau states loaded.
+  void restore_schedulers(const c10::impl::GenericDict& saved, const std::string& path);
   /// Rows are labelled with `epoch` (default: the current one).
   void emit_step_metrics(bool force, std::optional<int64_t> epoch = std::nullopt);
   void emit(const std::map<std::string, double>& metrics, std::optional<int64_t> epoch = std::nullopt);
@@ -218,11 +233,14 @@ class Trainer : public TrainerView {
   bool sanity_checking_ = false;
   bool epoch_completed_ = false;
   int64_t batches_done_ = 0;   // training batches run in the current epoch
+  int64_t step_boundary_batch_ = 0;  // batches_done_ at the epoch's last optimizer step
+  bool fit_started_ = false;   // from on_fit_start to the end of the loop: on_exception applies
   int64_t resume_batch_ = 0;   // the batch the first epoch starts at (a mid-epoch checkpoint)
   distributed::AgreedStop* agreed_stop_ = nullptr;  // during fit
   std::optional<distributed::StopRequest> stop_request_;
   int64_t scheduler_epoch_steps_ = 0;
   int64_t scheduler_step_steps_ = 0;
+  std::set<size_t> missing_monitor_warned_;  // schedulers whose missing metric rank 0 reported
   std::shared_ptr<Profiler> profiler_;
 };
 

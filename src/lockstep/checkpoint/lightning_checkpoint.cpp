@@ -170,7 +170,26 @@ c10::impl::GenericList optimizer_states(const Checkpoint& lightning, const Optim
   return states;
 }
 
-// Each LR scheduler's step count (Python's last_epoch), counted per interval as the Trainer does.
+// A ReduceLROnPlateau's counters from PyTorch's state of one (for another scheduler: empty).
+Dict plateau_state(const c10::IValue& theirs, const SchedulerConfig& ours, size_t i, const std::string& path) {
+  Dict state(c10::StringType::get(), c10::AnyType::get());
+  if (dynamic_cast<ReduceLROnPlateau*>(ours.scheduler.get()) == nullptr) return state;
+  const auto best = at_path(theirs, {"best"});
+  const auto bad = int_at(theirs, {"num_bad_epochs"}), cooldown = int_at(theirs, {"cooldown_counter"});
+  if (!(best.isDouble() || best.isInt()) || !bad || !cooldown) {
+    refuse(path, "LR scheduler " + std::to_string(i) + " is a ReduceLROnPlateau in configure_optimizers, and the "
+                 "file's has no best, num_bad_epochs and cooldown_counter. Return the schedulers the "
+                 "LightningModule returned, in its order");
+  }
+  state.insert("best", best.isDouble() ? best.toDouble() : static_cast<double>(best.toInt()));
+  state.insert("num_bad_epochs", *bad);
+  state.insert("cooldown_counter", *cooldown);
+  state.insert("last_epoch", int_at(theirs, {"last_epoch"}).value_or(0));
+  return state;
+}
+
+// Each LR scheduler's step count (Python's last_epoch), counted per interval as the Trainer does,
+// and each ReduceLROnPlateau's counters.
 Dict scheduler_steps(const Checkpoint& lightning, const OptimizerConfig& config, const std::string& path) {
   const auto value = at_path(lightning, {"lr_schedulers"});
   const auto states = value.isList() ? value.toList() : c10::impl::GenericList(c10::AnyType::get());
@@ -181,7 +200,10 @@ Dict scheduler_steps(const Checkpoint& lightning, const OptimizerConfig& config,
   }
   std::map<std::string, int64_t> steps{{"epoch", 0}, {"step", 0}};
   std::map<std::string, bool> seen;
+  c10::impl::GenericList plateaus(c10::AnyType::get());
   for (size_t i = 0; i < states.size(); ++i) {
+    plateaus.push_back(plateau_state(states.get(i), config.schedulers[i], i, path));
+    if (!plateaus.get(i).toGenericDict().empty()) continue;  // stepped with its metric, not replayed
     const auto last = int_at(states.get(i), {"last_epoch"});
     if (!last || *last < 0) refuse(path, "LR scheduler " + std::to_string(i) + " has no step count (last_epoch)");
     const std::string& interval = config.schedulers[i].interval;
@@ -195,6 +217,7 @@ Dict scheduler_steps(const Checkpoint& lightning, const OptimizerConfig& config,
   Dict out(c10::StringType::get(), c10::AnyType::get());
   out.insert("epoch_steps", steps["epoch"]);
   out.insert("step_steps", steps["step"]);
+  out.insert("plateau", plateaus);
   return out;
 }
 

@@ -101,6 +101,7 @@ c10::impl::GenericDict Trainer::checkpoint_state() const {
   c10::impl::GenericDict schedulers(c10::StringType::get(), c10::AnyType::get());
   schedulers.insert("epoch_steps", scheduler_epoch_steps_);
   schedulers.insert("step_steps", scheduler_step_steps_);
+  schedulers.insert("plateau", plateau_states());
   ckpt.insert("lr_schedulers", schedulers);
   ckpt.insert("epoch", current_epoch_);
   ckpt.insert("global_step", global_step_);
@@ -135,6 +136,20 @@ void Trainer::save_checkpoint(const std::string& path) {
     plan_.strategy->save_checkpoint(checkpoint_state(), path, *checkpoint_io_, optimizer_config_.optimizers);
   }
   plan_.strategy->barrier("save_checkpoint");
+}
+
+bool Trainer::save_checkpoint_alone(const std::string& path) {
+  LOCKSTEP_CHECK(!checkpoint::is_safetensors_path(path), UsageError, "save_checkpoint_alone(", path, "): a ",
+                 "safetensors file is written by every rank together; save a .ckpt path.");
+  if (!plan_.strategy || plan_.strategy->shards_state() || plan_.strategy->saves_pieces()) return false;
+  auto timed = profile("save_checkpoint");
+  // Within gradient accumulation the gradients gathered so far are not saved; the weights have not
+  // changed since the window began, so the checkpoint resumes at its first batch.
+  const int64_t batches = std::exchange(batches_done_, step_boundary_batch_);
+  auto state = checkpoint_state();
+  batches_done_ = batches;
+  checkpoint_io_->save(state, path);
+  return true;
 }
 
 std::string Trainer::why_nothing_trained(int64_t epoch, int64_t max_epochs) const {
@@ -331,15 +346,8 @@ void Trainer::restore_optimizers(const checkpoint::Checkpoint& ckpt, const std::
   // Schedulers first: replaying their steps moves the learning rates, which the optimizer
   // states then set to the saved values exactly.
   if (ckpt.contains("lr_schedulers")) {
-    read_entry(path, "lr_schedulers", "a dict with integers epoch_steps and step_steps", [&] {
-      const auto s = ckpt.at("lr_schedulers").toGenericDict();
-      scheduler_epoch_steps_ = s.at("epoch_steps").toInt();
-      scheduler_step_steps_ = s.at("step_steps").toInt();
-    });
-    for (auto& config : optimizer_config_.schedulers) {
-      const int64_t n = config.interval == "step" ? scheduler_step_steps_ : scheduler_epoch_steps_;
-      for (int64_t i = 0; i < n; ++i) config.scheduler->step();
-    }
+    read_entry(path, "lr_schedulers", "a dict with integers epoch_steps and step_steps",
+               [&] { restore_schedulers(ckpt.at("lr_schedulers").toGenericDict(), path); });
   }
   read_entry(path, "optimizer_states", "a list of optimizer state dicts", [&] {
     for (size_t i = 0; i < optimizers.size(); ++i) {

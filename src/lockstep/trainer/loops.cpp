@@ -71,10 +71,9 @@ void Trainer::optimizer_step() {
   }
   if (scaler_) scaler_->update(skip);
   ++global_step_;
-  for (auto& s : optimizer_config_.schedulers) {
-    if (s.interval == "step") s.scheduler->step();
-  }
-  if (!optimizer_config_.schedulers.empty()) ++scheduler_step_steps_;
+  // Here rather than after the batch's hooks (Lightning's place for a ReduceLROnPlateau): a
+  // checkpoint written by those hooks then holds the stepped state and resumes exactly.
+  step_schedulers("step");
 }
 
 std::map<std::string, double> Trainer::run_evaluation(DataLoader& loader, Phase phase, int64_t max_batches) {
@@ -134,7 +133,7 @@ void Trainer::run_training_epoch(DataLoader& train, DataLoader* val) {
   // A mid-epoch checkpoint resumes at its next batch: the sampler's order depends only on the epoch.
   int64_t batches_run = std::min(resume_batch_, num_training_batches_);
   resume_batch_ = 0;
-  batches_done_ = batches_run;
+  batches_done_ = step_boundary_batch_ = batches_run;
   int64_t validated_after = -1;  // batches run when validation last ran in this epoch
   for (int64_t i = batches_run; i < num_training_batches_; ++i) {
     if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps()) break;
@@ -204,6 +203,7 @@ void Trainer::run_training_batch(DataLoader& train, int64_t i, bool step_now, bo
     ++global_step_;
   }
   batches_done_ = i + 1;  // a checkpoint from here on resumes at the next batch
+  if (step_now || !automatic) step_boundary_batch_ = batches_done_;
   module_->on_train_batch_end(loss, batch, i);
   each_callback("on_train_batch_end", [&](Callback& c) { c.on_train_batch_end(*this, *module_, loss, i); });
   emit_step_metrics(false);
@@ -215,10 +215,7 @@ void Trainer::end_training_epoch(DataLoader* val) {
   for (const auto& [name, value] : values) callback_metrics_[name] = value;
   emit(values);
   if (val != nullptr) run_validation(*val);
-  for (auto& s : optimizer_config_.schedulers) {
-    if (s.interval == "epoch") s.scheduler->step();
-  }
-  if (!optimizer_config_.schedulers.empty()) ++scheduler_epoch_steps_;
+  step_schedulers("epoch");  // after validation: a ReduceLROnPlateau may watch val_loss
   epoch_completed_ = true;  // checkpoints written from here on resume at the next epoch
   each_callback("on_train_epoch_end", [&](Callback& c) { c.on_train_epoch_end(*this, *module_); });
   // A stop requested on one rank (EarlyStopping agrees first, but a user hook may not) must stop all.

@@ -220,6 +220,7 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
                      "std::make_shared<torch::optim::Adam>(parameters(), 1e-3).");
   }
   for (const auto& optimizer : optimizer_config_.optimizers) plan_.strategy->check_optimizer(*optimizer);
+  check_schedulers();
   scaler_.reset();
   if (plan_.precision.scales_loss()) {
     // Manual optimization would need the scaler in the user's own loop (Fabric's territory).
@@ -278,13 +279,31 @@ void Trainer::fit(const std::shared_ptr<TrainingModule>& module, const std::shar
   try {
     run_fit(module, train, val);
   } catch (const Error& e) {
+    notify_exception(e);
     // On local rank 0 of a job it launched: end the workers now, before this rank's process group
     // goes away and their failures could be taken for the cause.
     launchers::end_launched_job(e.exit_code());
     throw;
-  } catch (...) {
+  } catch (const std::exception& e) {
+    notify_exception(e);
     launchers::end_launched_job(1);
     throw;
+  } catch (...) {
+    notify_exception(std::runtime_error("an exception that is not a std::exception"));
+    launchers::end_launched_job(1);
+    throw;
+  }
+}
+
+void Trainer::notify_exception(const std::exception& error) {
+  if (!std::exchange(fit_started_, false)) return;
+  for (auto& callback : callbacks_) {
+    try {
+      callback->on_exception(*this, *module_, error);
+    } catch (const std::exception& hook_error) {
+      std::cerr << "lockstep: " << callback->name() << ".on_exception failed (" << hook_error.what()
+                << "); the error that ended fit follows.\n";
+    }
   }
 }
 
@@ -317,6 +336,7 @@ void Trainer::run_fit(const std::shared_ptr<TrainingModule>& module, const std::
   }
   module_->on_fit_start();
   each_callback("on_fit_start", [&](Callback& c) { c.on_fit_start(*this, *module_); });
+  fit_started_ = true;
   if (val && options_.num_sanity_val_steps() > 0 && !resuming) {
     sanity_checking_ = true;
     run_evaluation(*val, Phase::validation, std::min(options_.num_sanity_val_steps(), val->num_batches()));
@@ -334,6 +354,7 @@ void Trainer::run_fit(const std::shared_ptr<TrainingModule>& module, const std::
     epoch_completed_ = false;
     batches_done_ = 0;
   }
+  fit_started_ = false;
   if (current_epoch_ == first_epoch && global_step_ == first_step && plan_.strategy->is_global_zero()) {
     std::cerr << "lockstep: warning: fit trained nothing: " << why_nothing_trained(first_epoch, max_epochs) << "\n";
   }
