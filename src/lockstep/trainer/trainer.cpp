@@ -289,7 +289,7 @@ void Trainer::fit(const std::shared_ptr<TrainingModule>& module, const std::shar
     launchers::end_launched_job(1);
     throw;
   } catch (...) {
-    notify_exception(std::runtime_error("an exception that is not a std::exception"));
+    notify_exception(Error(ErrorKind::training, "fit ended by an exception that is not a std::exception"));
     launchers::end_launched_job(1);
     throw;
   }
