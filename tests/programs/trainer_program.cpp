@@ -3,7 +3,7 @@
 //   trainer_program [trainer flags] --out DIR [--batch-size B] [--adam] [--save PATH] [--val] [--csv-logger]
 //                   [--fail-on-rank R] [--pause-ms MS] [--nan-at-step S --nan-on-rank R]
 //                   [--crash-at-step S --crash-on-rank R] [--checkpoint-every-n-steps K]
-//                   [--manual plain|twice|manual_backward]
+//                   [--manual plain|twice|manual_backward] [--features F]
 // With --val it also validates (32 examples) and writes each rank's validation count. With
 // --csv-logger every rank adds its own CSVLogger under --default-root-dir, as a user might. With
 // --fail-on-rank R, rank R throws after its first training batch (an error in a training step).
@@ -13,7 +13,8 @@
 // with code 3 after step S, in the first attempt of a job only (TORCHELASTIC_RESTART_COUNT unset
 // or 0). --checkpoint-every-n-steps K keeps a checkpoint of every K-th step and last.ckpt.
 // --manual: manual optimisation, each step's backward as loss.backward() (plain), as two
-// loss.backward() calls of half the loss each (twice), or as manual_backward(loss).
+// loss.backward() calls of half the loss each (twice), or as manual_backward(loss). --features F
+// (default 8): the inputs' width, so that a checkpoint of one width is a wider model's for another.
 #include <unistd.h>
 
 #include <chrono>
@@ -131,7 +132,7 @@ int run(int argc, char** argv) {
     int64_t batch_size = 8;
     bool adam = false, validate = false, csv_logger = false;
     int fail_on_rank = -1, pause_ms = 0, nan_on_rank = 0, crash_on_rank = 1;
-    int64_t nan_at_step = 0, crash_at_step = 0, checkpoint_every = 0;
+    int64_t nan_at_step = 0, crash_at_step = 0, checkpoint_every = 0, features = 8;
     app.add_option("--out", out)->required();
     app.add_option("--batch-size", batch_size);
     app.add_option("--save", save);
@@ -145,6 +146,7 @@ int run(int argc, char** argv) {
     app.add_option("--crash-at-step", crash_at_step);
     app.add_option("--crash-on-rank", crash_on_rank);
     app.add_option("--checkpoint-every-n-steps", checkpoint_every);
+    app.add_option("--features", features);
     app.add_option("--manual", manual)->check(CLI::IsMember({"plain", "twice", "manual_backward"}));
     const int parsed = lockstep::cli::parse_or_exit_code(app, argc, argv);
     if (parsed >= 0) return parsed;
@@ -156,9 +158,9 @@ int run(int argc, char** argv) {
     } else if (!manual.empty()) {
       model = std::make_shared<Manual>(adam, manual);
     } else {
-      model = std::make_shared<lockstep::testing::Regressor>(adam);
+      model = std::make_shared<lockstep::testing::Regressor>(adam, features);
     }
-    auto data = lockstep::testing::regression_data(64);
+    auto data = lockstep::testing::regression_data(64, features);
     lockstep::Trainer trainer(options.enable_progress_bar(false).num_sanity_val_steps(0));
     if (csv_logger) {
       trainer.add_logger(std::make_shared<lockstep::loggers::CSVLogger>(

@@ -157,6 +157,10 @@ class Trainer : public TrainerView {
   void attach_sampler(DataLoader& loader, bool shuffle);
   /// A validation or test loader's sampler; rank 0 says once what its padding does to `stage`.
   void attach_evaluation_sampler(DataLoader& loader, const std::string& stage);
+  /// fit's loaders: their samplers, and in order under --overfit-batches (rank 0 says so).
+  void attach_fit_samplers(DataLoader& train, DataLoader* val);
+  /// The note on --benchmark where it does nothing or meets --deterministic.
+  void note_benchmark() const;
   /// False when --ckpt-path last finds no checkpoint (fit then starts afresh).
   bool restore(const std::string& ckpt_path);
   /// --ckpt-path last: the newest last.ckpt beside this run's folder; "" (and a note) when none.
@@ -173,6 +177,8 @@ class Trainer : public TrainerView {
   /// The epoch's end: its metrics, a validation on `val` unless null, the epoch schedulers, the hooks.
   void end_training_epoch(DataLoader* val);
   void run_validation(DataLoader& val);
+  /// fit's validation batches before training (--num-sanity-val-steps), logging nothing.
+  void run_sanity_check(DataLoader& val);
   /// After an optimizer step: asks every rank to stop when this rank's loss is not finite.
   void check_loss(const torch::Tensor& loss, int64_t batch_idx);
   /// Ends fit after the ranks agreed to stop: last.ckpt for a signal, then the error.

@@ -33,7 +33,11 @@ struct TrainerOptions : PlanOptionsOf<TrainerOptions> {
   /// Seed for every random generator, applied at fit() (the --seed flag applies it when parsed,
   /// before the model is built); -1 leaves them unseeded. Default: -1.
   TORCH_ARG(int64_t, seed) = -1;
-  /// Deterministic algorithms only, so equal flags give equal bits. Default: false.
+  /// LibTorch's deterministic algorithms only (at::Context::setDeterministicAlgorithms, which
+  /// also makes cuDNN pick deterministic convolutions): an operation without a deterministic
+  /// kernel (put_ without accumulate, index_add_ on CUDA, ...) throws instead of running, and on
+  /// CUDA CUBLAS_WORKSPACE_CONFIG=:4096:8 unless set, as Lightning's deterministic=True. Set at
+  /// fit (validate, test, predict) and left set. Default: false.
   TORCH_ARG(bool, deterministic) = false;
   /// Where logs and checkpoints go. Default: "." (as Lightning's current directory).
   TORCH_ARG(std::string, default_root_dir) = ".";
@@ -64,6 +68,11 @@ struct TrainerOptions : PlanOptionsOf<TrainerOptions> {
   TORCH_ARG(BatchLimit, limit_val_batches) = 1.0;
   /// Fraction or count of test batches. Default: 1.0.
   TORCH_ARG(BatchLimit, limit_test_batches) = 1.0;
+  /// Train and validate on this fraction (0.25) or count (10) of the batches only, in the same
+  /// order every epoch (the shuffle of the training and validation loaders is turned off), to see
+  /// that the model can overfit them (Lightning's overfit_batches; it replaces
+  /// limit_train_batches and limit_val_batches). 0: off. Default: 0.0.
+  TORCH_ARG(BatchLimit, overfit_batches) = 0.0;
   /// Validate within the training epoch: a fraction in (0, 1] of the epoch's batches (0.25:
   /// four times an epoch) or a count of training batches (100: after every 100th). Default: 1.0.
   TORCH_ARG(BatchLimit, val_check_interval) = 1.0;
@@ -84,6 +93,10 @@ struct TrainerOptions : PlanOptionsOf<TrainerOptions> {
   /// Print, on rank 0 when fit starts, a table of the module's parts, their parameter counts and
   /// modes, and the totals (Lightning's ModelSummary, max_depth 1; model_summary()). Default: true.
   TORCH_ARG(bool, enable_model_summary) = true;
+  /// Validation, test and predict run under LibTorch's InferenceMode (c10::InferenceMode, as
+  /// Lightning's inference_mode=True); false: under NoGradGuard (torch.no_grad), for a step whose
+  /// tensors must later take part in autograd. Default: true.
+  TORCH_ARG(bool, inference_mode) = true;
   /// Put a DistributedSampler on the loaders under DDP. Default: true.
   TORCH_ARG(bool, use_distributed_sampler) = true;
   /// Autograd's anomaly mode during fit: a backward that makes a NaN names the operation whose

@@ -84,6 +84,52 @@ const std::vector<RetiredFlag> retired_trainer_flags = {
                                 "flag and set the batch size of your loaders"},
 };
 
+// Lightning 2.6 Trainer arguments that Lockstep has no flag for, with what to do instead (the
+// user guide's table of Lightning's Trainer arguments lists every argument; a test checks both).
+const std::vector<RetiredFlag> lightning_only_flags = {
+    {"--logger", "Lockstep's loggers are C++ objects, not a flag: the Trainer writes CSV logs under "
+                 "--default-root-dir, and trainer.add_logger(...) in code replaces them (TensorBoardLogger, your own)"},
+    {"--callbacks", "callbacks are C++ objects, not a flag: add them in code with trainer.add_callback(...) "
+                    "(EarlyStopping, ModelCheckpoint, LearningRateMonitor, your own)"},
+    {"--min-epochs", "Lockstep has no minimum number of epochs: remove the flag, and give EarlyStopping a longer "
+                     "patience (EarlyStoppingOptions().patience(N)) so that it cannot stop sooner"},
+    {"--min-steps", "Lockstep has no minimum number of steps: remove the flag, and give EarlyStopping a longer "
+                    "patience (EarlyStoppingOptions().patience(N)) so that it cannot stop sooner"},
+    {"--max-time", "Lockstep has no time limit: use --max-steps N or --max-epochs N, or a Callback that calls "
+                   "trainer.request_stop() when the time is up (fit ends after that epoch)"},
+    {"--limit-predict-batches", "Lockstep has no limit for predict: give predict a DataLoader over only the "
+                                "examples to predict (--fast-dev-run N limits every loop, predict's too)"},
+    {"--barebones", "Lockstep has no barebones switch: use --enable-checkpointing false --enable-progress-bar "
+                    "false --enable-model-summary false (the CSV logger and the metrics stay)"},
+    {"--plugins", "Lightning's plugins are Python objects: use --precision for a precision plugin, and in code "
+                  "trainer.set_cluster_environment(...) or trainer.set_checkpoint_io(...) for the others"},
+    {"--reload-dataloaders-every-n-epochs", "the Trainer takes its loaders once per fit: remove the flag; a "
+                                            "DataLoader reshuffles every epoch, and a Callback's "
+                                            "on_train_epoch_start may change what your Dataset returns"},
+    {"--enable-autolog-hparams", "Lockstep always gives the loggers the module's hparams() when fit starts "
+                                 "(Lightning's default, true): remove the flag; a module whose hparams() is "
+                                 "empty logs none"},
+    {"--model-registry", "Lightning's model registry uploads to Lightning AI's cloud, which Lockstep does not "
+                         "reach: remove the flag and copy the run's checkpoints folder where you keep models"},
+};
+
+// --deterministic takes true or false; Lightning's "warn" (warn_only) has no LibTorch 1.13 C++ switch.
+std::string refuse_deterministic_warn(const std::string& value) {
+  if (value != "warn") return "";
+  return "warn (Lightning's warn_only mode) is not available: use --deterministic true, which stops at an operation "
+         "that has no deterministic kernel and names it, or false";
+}
+
+// Lightning's profiler="simple" is Lockstep's --profiler true; its other profilers are Python's.
+std::string read_profiler(std::string& value) {
+  if (value == "simple") value = "true";
+  if (value == "advanced" || value == "pytorch" || value == "xla") {
+    return value + " is Lightning's Python profiler: use --profiler simple (or true), the time per hook and loop "
+                   "phase, or a Profiler of your own in code (trainer.set_profiler(...))";
+  }
+  return "";
+}
+
 // Edit distance between two words (insertions, deletions, substitutions).
 size_t distance(const std::string& a, const std::string& b) {
   std::vector<size_t> row(b.size() + 1);
@@ -218,7 +264,8 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
       ->check(CLI::Range(0.0, 1e12));
   add(g, "--gradient-clip-algorithm", o.gradient_clip_algorithm(), "norm|value")->check(CLI::IsMember({"norm", "value"}));
   add_seed_flag(g, o.seed());
-  add(g, "--deterministic", o.deterministic(), "true|false: deterministic algorithms only");
+  add(g, "--deterministic", o.deterministic(), "true|false: deterministic algorithms only")
+      ->check(CLI::Validator(refuse_deterministic_warn, "true|false"));
   add(g, "--default-root-dir", o.default_root_dir(), "where logs and checkpoints go");
   add(g, "--ckpt-path", o.ckpt_path(), "checkpoint to resume from (this Trainer's or Lightning's .ckpt), or 'last'");
   add(g, "--ckpt-path-rename", o.ckpt_path_rename(),
@@ -233,12 +280,14 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
   add_limit(g, "--limit-train-batches", o.limit_train_batches(), "fraction (0.25) or count (10) of training batches");
   add_limit(g, "--limit-val-batches", o.limit_val_batches(), "fraction or count of validation batches");
   add_limit(g, "--limit-test-batches", o.limit_test_batches(), "fraction or count of test batches");
+  add_limit(g, "--overfit-batches", o.overfit_batches(),
+            "train and validate on this fraction or count of batches only, unshuffled (0: off)");
   add_limit(g, "--val-check-interval", o.val_check_interval(),
             "validate every fraction (0.25) of the epoch or every N (100) training batches");
   add(g, "--check-val-every-n-epoch", o.check_val_every_n_epoch(), "validate every N epochs")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  add(g, "--num-sanity-val-steps", o.num_sanity_val_steps(), "validation batches before training")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  add(g, "--num-sanity-val-steps", o.num_sanity_val_steps(), "validation batches before training (-1: all)")
+      ->check(CLI::Range(int64_t{-1}, int64_t{1} << 40));
   add(g, "--log-every-n-steps", o.log_every_n_steps(), "write metrics every N steps")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   add(g, "--enable-progress-bar", o.enable_progress_bar(), "true|false");
@@ -249,12 +298,15 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
       ->option_text("[N]")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   add(g, "--enable-checkpointing", o.enable_checkpointing(), "true|false");
+  add(g, "--inference-mode", o.inference_mode(), "true|false: evaluate under InferenceMode (false: NoGradGuard)");
   add(g, "--use-distributed-sampler", o.use_distributed_sampler(), "true|false");
   add(g, "--detect-anomaly", o.detect_anomaly(), "true|false: autograd anomaly mode (names the op that made a NaN)");
   add(g, "--benchmark", o.benchmark(), "true|false: cudnn.benchmark (CUDA; no effect on the CPU)");
-  add(g, "--profiler", o.profiler(), "true|false: print time per hook at the end");
+  add(g, "--profiler", o.profiler(), "simple|true|false: print time per hook at the end")
+      ->transform(CLI::Validator(read_profiler, "simple|true|false"));
   add_retired(app, retired_plan_flags);
   add_retired(app, retired_trainer_flags);
+  add_retired(app, lightning_only_flags);
 }
 
 void add_fabric_flags(CLI::App& app, FabricOptions& o, int64_t& seed) {

@@ -23,6 +23,9 @@ BatchLimit::BatchLimit(int64_t count) : is_fraction_(false), fraction_(0), count
 
 BatchLimit BatchLimit::parse(const std::string& text, const std::string& flag) {
   const auto value = whole_number(text);
+  // Lightning 2.6's val_check_interval also takes a time ("00:00:05:00"); Lockstep counts batches.
+  LOCKSTEP_CHECK(text.find(':') == std::string::npos, UsageError, flag, " '", text, "': a time (DD:HH:MM:SS) is ",
+                 "not available; pass a fraction of the epoch (0.25) or a batch count (10).");
   LOCKSTEP_CHECK(value && std::isfinite(*value), UsageError, flag, " '", text,
                  "' is neither a fraction (0.25) nor a batch count (10).");
   LOCKSTEP_CHECK(*value >= 0, UsageError, flag, " ", text, ": must be 0 or more: a fraction (0.25) or a batch count (10).");

@@ -78,7 +78,7 @@ void Trainer::optimizer_step() {
 
 std::map<std::string, double> Trainer::run_evaluation(DataLoader& loader, Phase phase, int64_t max_batches) {
   auto timed = profile(phase == Phase::test ? "test" : "validation");
-  torch::NoGradGuard no_grad;
+  EvaluationGuard evaluating(options_.inference_mode());
   module_->eval();
   const Phase outer_phase = metrics_.phase();  // train, when validating within a training epoch
   metrics_.begin_epoch(phase);

@@ -66,7 +66,7 @@ std::vector<torch::Tensor> Trainer::predict(const std::shared_ptr<TrainingModule
   if (options_.use_distributed_sampler()) {
     strategies::add_distributed_sampler(*plan_.strategy, *loader, false, unrepeated);
   }
-  torch::NoGradGuard no_grad;
+  EvaluationGuard evaluating(options_.inference_mode());
   module_->eval();
   std::vector<torch::Tensor> outputs;
   std::vector<int64_t> indices;

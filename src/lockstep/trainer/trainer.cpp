@@ -25,6 +25,7 @@
 #include <lockstep/core/model_summary.h>
 #include <lockstep/core/seed.h>
 #include <lockstep/core/error.h>
+#include <lockstep/data/sampler.h>
 #include <lockstep/environments/cluster_environment.h>
 #include <lockstep/launchers/launcher.h>
 #include <lockstep/loggers/csv_logger.h>
@@ -79,12 +80,35 @@ void apply_fast_dev_run(TrainerOptions& o) {
   o.num_sanity_val_steps(0).val_check_interval(1.0).check_val_every_n_epoch(1).enable_checkpointing(false);
 }
 
+// --overfit-batches b: b of the training and the validation batches, after --fast-dev-run, whose
+// limits it replaces (as Lightning).
+void apply_overfit_batches(TrainerOptions& o) {
+  if (!overfitting(o)) return;
+  o.limit_train_batches(o.overfit_batches()).limit_val_batches(o.overfit_batches());
+}
+
+// --deterministic true, as Lightning's deterministic=True: LibTorch's deterministic algorithms
+// (cuDNN's convolutions among them), and the cuBLAS workspace that makes its matrix products
+// deterministic on CUDA, unless the environment sets one. Before launch: the ranks inherit it.
+void apply_deterministic(const TrainerOptions& o) {
+  if (!o.deterministic()) return;
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  at::globalContext().setDeterministicCuDNN(true);
+  ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+}
+
 }  // namespace
+
+bool overfitting(const TrainerOptions& o) {
+  const BatchLimit& b = o.overfit_batches();
+  return b.is_fraction() ? b.fraction() > 0 : b.count() > 0;
+}
 
 Trainer::Trainer(TrainerOptions options)
     : options_(std::move(options)), checkpoint_io_(std::make_shared<checkpoint::CheckpointIO>()) {
   apply_trainer_variables(options_, environments::Environ::from_process());
   apply_fast_dev_run(options_);
+  apply_overfit_batches(options_);
 }
 
 void Trainer::suppress_for_fast_dev_run() {
@@ -183,15 +207,12 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
                    "use --limit-val-batches 0.");
     core::warn_if_reference_blas();
     if (options_.seed() >= 0) seed_everything(static_cast<uint64_t>(options_.seed()));
-    if (options_.deterministic()) at::globalContext().setDeterministicAlgorithms(true, false);
+    apply_deterministic(options_);
     const int cuda = accelerators::cuda_device_count();
     plan_ = launch(resolve_plan(options_, environments::Environ::from_process(), user_strategy_, cuda,
                                 accelerators::probe_cuda_device, user_environment_));
     at::globalContext().setBenchmarkCuDNN(options_.benchmark());
-    if (options_.benchmark() && plan_.context.accelerator != accelerators::Accelerator::cuda && plan_.strategy->is_global_zero()) {
-      std::cerr << "lockstep: --benchmark true has no effect on the CPU: it lets cuDNN time and pick convolution "
-                   "algorithms on CUDA devices.\n";
-    }
+    note_benchmark();
     if (options_.profiler() && !profiler_) profiler_ = std::make_shared<SimpleProfiler>();
     if (options_.fast_dev_run() > 0) suppress_for_fast_dev_run();
     if (!loggers_set_by_user_ && options_.fast_dev_run() == 0 && plan_.strategy->is_global_zero()) {
@@ -231,6 +252,17 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
   }
 }
 
+void Trainer::note_benchmark() const {
+  if (!options_.benchmark() || !plan_.strategy->is_global_zero()) return;
+  if (plan_.context.accelerator != accelerators::Accelerator::cuda) {
+    std::cerr << "lockstep: --benchmark true has no effect on the CPU: it lets cuDNN time and pick convolution "
+                 "algorithms on CUDA devices.\n";
+  } else if (options_.deterministic()) {
+    std::cerr << "lockstep: --benchmark true with --deterministic true: cuDNN times only its deterministic "
+                 "convolution algorithms.\n";
+  }
+}
+
 void Trainer::attach_sampler(DataLoader& loader, bool shuffle) {
   if (options_.use_distributed_sampler()) strategies::add_distributed_sampler(*plan_.strategy, loader, shuffle);
 }
@@ -245,6 +277,26 @@ void Trainer::attach_evaluation_sampler(DataLoader& loader, const std::string& s
             << "pads " << examples << " examples to " << padded << " (" << sampler.num_samples() << " a rank) by "
             << "repeating " << padded - examples << "; the repeats run but count nothing in the " << stage
             << " metrics.\n";
+}
+
+void Trainer::attach_fit_samplers(DataLoader& train, DataLoader* val) {
+  const bool overfit = overfitting(options_);
+  attach_sampler(train, train.options().shuffle() && !overfit);
+  if (val) attach_evaluation_sampler(*val, "validation");
+  if (!overfit) return;
+  // As Lightning, the same batches every epoch: a loader that shuffles is read in order instead.
+  for (DataLoader* loader : {&train, val}) {
+    if (loader == nullptr || !loader->options().shuffle()) continue;
+    if (!loader->has_sampler()) {
+      loader->set_sampler(std::make_shared<distributed::DistributedSampler>(
+          loader->dataset()->size(), distributed::SamplerOptions(1, 0).shuffle(false)));
+    }
+    if (plan_.strategy->is_global_zero()) {
+      std::cerr << "lockstep: --overfit-batches " << options_.overfit_batches().str() << ": the "
+                << (loader == &train ? "training" : "validation") << " loader shuffles; it is read in order, so that "
+                << "every epoch sees the same batches.\n";
+    }
+  }
 }
 
 void Trainer::log(const std::string& name, double value, const LogOptions& options) {
@@ -313,8 +365,7 @@ void Trainer::run_fit(const std::shared_ptr<TrainingModule>& module, const std::
   const auto started = std::chrono::steady_clock::now();
   setup(module);
   if (!model_summary_.empty()) std::cerr << std::exchange(model_summary_, std::string());
-  attach_sampler(*train, train->options().shuffle());
-  if (val) attach_evaluation_sampler(*val, "validation");
+  attach_fit_samplers(*train, val.get());
   // Checked before any hook runs, so that a bad interval stops the run before it writes anything.
   num_training_batches_ = options_.limit_train_batches().of(train->num_batches());
   val_check_batch_ = resolve_val_check_batch(options_.val_check_interval(), num_training_batches_);
@@ -337,11 +388,7 @@ void Trainer::run_fit(const std::shared_ptr<TrainingModule>& module, const std::
   module_->on_fit_start();
   each_callback("on_fit_start", [&](Callback& c) { c.on_fit_start(*this, *module_); });
   fit_started_ = true;
-  if (val && options_.num_sanity_val_steps() > 0 && !resuming) {
-    sanity_checking_ = true;
-    run_evaluation(*val, Phase::validation, std::min(options_.num_sanity_val_steps(), val->num_batches()));
-    sanity_checking_ = false;
-  }
+  if (val && !resuming) run_sanity_check(*val);
   int64_t max_epochs = options_.max_epochs();
   if (max_epochs < 0) max_epochs = options_.max_steps() < 0 ? 1000 : std::numeric_limits<int64_t>::max();
   should_stop_ = false;
@@ -366,6 +413,15 @@ void Trainer::run_fit(const std::shared_ptr<TrainingModule>& module, const std::
   plan_.strategy->barrier("fit_end");
   if (profiler_ && plan_.strategy->is_global_zero()) std::cerr << profiler_->summary() << std::flush;
   print_fit_end(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+}
+
+void Trainer::run_sanity_check(DataLoader& val) {
+  // At most --limit-val-batches batches, as Lightning; -1: that many.
+  const int64_t limit = options_.limit_val_batches().of(val.num_batches()), asked = options_.num_sanity_val_steps();
+  if (asked == 0) return;
+  sanity_checking_ = true;
+  run_evaluation(val, Phase::validation, asked < 0 ? limit : std::min(asked, limit));
+  sanity_checking_ = false;
 }
 
 std::map<std::string, double> Trainer::validate(const std::shared_ptr<TrainingModule>& module,

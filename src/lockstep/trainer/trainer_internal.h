@@ -1,6 +1,8 @@
 #pragma once
 // What trainer.cpp, loops.cpp and checkpointing.cpp share: the Trainer's own helpers, not installed.
 
+#include <optional>
+
 #include <torch/torch.h>
 
 #include <lockstep/core/error.h>
@@ -19,6 +21,26 @@ struct EvaluationBatch {
 EvaluationBatch evaluation_batch(DataLoader& loader, int64_t i);
 
 }  // namespace detail
+
+/// Validation, test and predict run under InferenceMode, or NoGradGuard with --inference-mode
+/// false (Lightning's _evaluation_context).
+class EvaluationGuard {
+ public:
+  explicit EvaluationGuard(bool inference_mode) {
+    if (inference_mode) {
+      inference_.emplace();
+    } else {
+      no_grad_.emplace();
+    }
+  }
+
+ private:
+  std::optional<c10::InferenceMode> inference_;
+  std::optional<torch::NoGradGuard> no_grad_;
+};
+
+/// --overfit-batches is on (a count or fraction above 0).
+bool overfitting(const TrainerOptions& options);
 
 template <typename Fn>
 void Trainer::each_callback(const char* hook, Fn&& fn) {

@@ -28,14 +28,16 @@ void apply_trainer_variables(TrainerOptions& o, const environments::Environ& env
   v.set("limit_train_batches", o.limit_train_batches(), d.limit_train_batches());
   v.set("limit_val_batches", o.limit_val_batches(), d.limit_val_batches());
   v.set("limit_test_batches", o.limit_test_batches(), d.limit_test_batches());
+  v.set("overfit_batches", o.overfit_batches(), d.overfit_batches());
   v.set("val_check_interval", o.val_check_interval(), d.val_check_interval());
   v.set("check_val_every_n_epoch", o.check_val_every_n_epoch(), d.check_val_every_n_epoch(), 1, many);
-  v.set("num_sanity_val_steps", o.num_sanity_val_steps(), d.num_sanity_val_steps(), 0, many);
+  v.set("num_sanity_val_steps", o.num_sanity_val_steps(), d.num_sanity_val_steps(), -1, many);
   v.set("log_every_n_steps", o.log_every_n_steps(), d.log_every_n_steps(), 1, many);
   v.set("enable_progress_bar", o.enable_progress_bar(), d.enable_progress_bar());
   v.set("enable_checkpointing", o.enable_checkpointing(), d.enable_checkpointing());
   v.set("fast_dev_run", o.fast_dev_run(), d.fast_dev_run(), 0, many);
   v.set("enable_model_summary", o.enable_model_summary(), d.enable_model_summary());
+  v.set("inference_mode", o.inference_mode(), d.inference_mode());
   v.set("use_distributed_sampler", o.use_distributed_sampler(), d.use_distributed_sampler());
   v.set("detect_anomaly", o.detect_anomaly(), d.detect_anomaly());
   v.set("benchmark", o.benchmark(), d.benchmark());

@@ -179,6 +179,41 @@ TEST_F(TrainerDDP, ValidationWithinTheEpochRunsOnEveryRankAtTheSameBatches) {
   }
 }
 
+// --inference-mode true (the default) and false validate alike under DDP and FSDP (whose gathered
+// parameters must not turn into inference tensors): each rank validates as often, and the
+// weights end bit for bit equal.
+TEST_F(TrainerDDP, InferenceModeAndNoGradValidateAlikeUnderDdpAndFsdp) {
+  for (const std::string strategy : {"ddp", "fsdp"}) {
+    std::map<std::string, std::vector<std::vector<torch::Tensor>>> ranks;
+    for (const std::string mode : {"true", "false"}) {
+      const std::string name = strategy + "_inference_" + mode;
+      ranks[mode] = run(name, {"--devices", "2", "--strategy", strategy, "--max-epochs", "2", "--adam", "--val",
+                               "--val-check-interval", "0.5", "--inference-mode", mode});
+      for (int r = 0; r < 2; ++r) {
+        int64_t validations = -1;
+        std::ifstream(dir / name / ("validations." + std::to_string(r))) >> validations;
+        EXPECT_EQ(validations, 4) << name << " rank " << r;
+      }
+    }
+    ASSERT_EQ(ranks["true"].size(), 2u);
+    ASSERT_EQ(ranks["false"].size(), 2u);
+    for (int r = 0; r < 2; ++r) EXPECT_EQ(max_diff(ranks["true"][r], ranks["false"][r]), 0.0) << strategy;
+  }
+}
+
+// --deterministic true on two ranks: two runs end with the same bits. On the CPU they would
+// without the flag too (Gloo adds the ranks' gradients in a fixed order for a given world size);
+// the flag makes LibTorch refuse the operations that would not (TrainerDeterminism).
+TEST_F(TrainerDDP, TwoDeterministicRunsEndBitForBitAlike) {
+  const std::vector<std::string> flags{"--devices", "2", "--strategy", "ddp", "--max-epochs", "2", "--adam",
+                                       "--deterministic", "true"};
+  auto first = run("deterministic_1", flags, "runs_1");
+  auto second = run("deterministic_2", flags, "runs_2");
+  ASSERT_EQ(first.size(), 2u);
+  ASSERT_EQ(second.size(), 2u);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(max_diff(first[r], second[r]), 0.0);
+}
+
 // Rank 0's own failure ends a self-launched job at once with rank 0's code: the worker is told,
 // not waited for (60 s at exit before), and not blamed. A worker's failure is still reported as
 // before.
