@@ -178,6 +178,31 @@ TEST(LightningArguments, EveryWorkingFlagIsAcceptedAndEveryRefusedOneNamesTheAlt
   EXPECT_EQ(refused, 11);
 }
 
+// Values Lightning takes for flags that work: the ones Lockstep reads the same way, and the ones
+// it refuses by value with the fix.
+TEST(LightningArguments, LightningsValuesOfWorkingFlagsAreReadOrRefusedByValue) {
+  TrainerOptions options;
+  CLI::App app{"lightning values", "prog"};
+  cli::add_trainer_flags(app, options);
+  std::vector<std::string> args{"prog", "--profiler", "simple", "--num-sanity-val-steps", "-1"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  ASSERT_EQ(cli::parse_or_exit_code(app, static_cast<int>(argv.size()), argv.data()), -1);
+  EXPECT_TRUE(options.profiler());
+  EXPECT_EQ(options.num_sanity_val_steps(), -1);
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"--deterministic warn", "use --deterministic true"},
+      {"--profiler advanced", "use --profiler simple (or true)"},
+      {"--profiler pytorch", "trainer.set_profiler(...)"},
+      {"--val-check-interval 00:00:05:00", "a time (DD:HH:MM:SS) is not available; pass a fraction"},
+  };
+  for (const auto& [typed, fix] : refused) {
+    const auto parsed = parse_trainer_flags(typed);
+    EXPECT_EQ(parsed.code, 2) << typed << ": " << parsed.err;
+    EXPECT_NE(parsed.err.find(fix), std::string::npos) << typed << ": " << parsed.err;
+  }
+}
+
 // The reader of Trainer.__init__ takes each parameter's name, whatever its type's shape.
 TEST(LightningArguments, TheSignatureReaderTakesEveryParameter) {
   const std::string source =

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -154,6 +155,25 @@ TEST(TrainerOverfitBatches, WithoutItTheShuffledLoaderChangesTheOrder) {
   ASSERT_EQ(model->train.size(), 2u);
   EXPECT_NE(model->train[0], first(16));
   EXPECT_NE(model->train[0], model->train[1]);
+}
+
+// The sanity check runs at most --limit-val-batches batches; -1 (Lightning's) runs that many.
+TEST(TrainerSanityCheck, MinusOneRunsAsManyBatchesAsTheValidationLimit) {
+  struct CountSanity : testing::Regressor {
+    void validation_step(Batch& batch, int64_t batch_idx) override {
+      if (trainer()->sanity_checking()) ++sanity;
+      Regressor::validation_step(batch, batch_idx);
+    }
+    int64_t sanity = 0;
+  };
+  for (const auto& [asked, limit, ran] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {-1, 3, 3}, {-1, 9, 4}, {2, 9, 2}, {5, 3, 3}, {0, 9, 0}}) {
+    testing::TempDir dir("lockstep_sanity");
+    Trainer trainer(testing::quiet_options(dir).max_epochs(1).num_sanity_val_steps(asked).limit_val_batches(limit));
+    auto model = std::make_shared<CountSanity>();
+    trainer.fit(model, loader_of(testing::regression_data(16), 8), loader_of(testing::regression_data(32, 8, 9), 8));
+    EXPECT_EQ(model->sanity, ran) << "--num-sanity-val-steps " << asked << " --limit-val-batches " << limit;
+  }
 }
 
 // Lightning's default, inference_mode=True: validation, test and predict run under InferenceMode;
