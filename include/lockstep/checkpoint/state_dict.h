@@ -25,6 +25,26 @@ struct LoadStateDictResult {
   std::vector<std::string> unexpected_keys;  ///< in the dict, absent from the module
 };
 
+/// What load_state_dict(module, state, strict) would refuse, found without copying anything, for
+/// callers that name their own fix (the Trainer names its flags).
+struct StateDictCheck {
+  /// Every difference, "size mismatch for fc1.weight: the checkpoint has [16, 10], the model
+  /// [16, 8]; missing keys: ...; unexpected keys: ...", or "" when it would load.
+  std::string mismatch;
+  /// Only names differ (no shape, no value that is not a tensor): strict=false would load it.
+  bool only_names = false;
+  /// The KeyMap prefix rule (from, to) that explains every name difference, when one does.
+  std::string rename_from, rename_to;
+  LoadStateDictResult keys;
+};
+
+/// Checks `state` against `module`'s parameters and buffers as load_state_dict does.
+StateDictCheck check_state_dict(const torch::nn::Module& module, const c10::impl::GenericDict& state,
+                                bool strict = true);
+/// The same against the tensors a module's state_dict holds (a strategy's module_state_dict).
+StateDictCheck check_state_dict(const c10::Dict<std::string, torch::Tensor>& targets,
+                                const c10::impl::GenericDict& state, bool strict = true);
+
 /// Copies `state` (name -> tensor, e.g. `ckpt.at("state_dict").toGenericDict()`) into the
 /// module's parameters and buffers, without recording autograd history. Values are converted to
 /// each parameter's dtype and device, as Python's `load_state_dict` does. Throws UsageError

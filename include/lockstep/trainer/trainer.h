@@ -152,6 +152,10 @@ class Trainer : public TrainerView {
   /// --init-weights: the file read before launch, then loaded into the module before it is set up.
   void check_init_weights_source();
   void load_init_weights();
+  /// Before launch: the weights of --init-weights and of a --ckpt-path file read then fit `module`.
+  void check_weights_match(const torch::nn::Module& module) const;
+  /// After a failed fit, on rank 0: the run folder its loggers made, when nothing was written in it.
+  void remove_empty_run_folder() noexcept;
   void record_resume(const std::string& path, const std::string& origin) const;
   std::string why_nothing_trained(int64_t epoch, int64_t max_epochs) const;
   void attach_sampler(DataLoader& loader, bool shuffle);
@@ -221,6 +225,7 @@ class Trainer : public TrainerView {
   std::optional<c10::impl::GenericDict> init_weights_;      // --init-weights, read before launch
   bool loggers_set_by_user_ = false;
   std::string log_dir_;
+  std::string claimed_run_dir_;  ///< rank 0's: the folder its loggers made at setup
   std::string model_summary_;  ///< rank 0's, taken at setup, printed when fit starts
 
   ExecutionPlan plan_;

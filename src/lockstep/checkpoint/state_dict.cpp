@@ -1,5 +1,7 @@
 #include <lockstep/checkpoint/state_dict.h>
 
+#include <tuple>
+
 #include <torch/torch.h>
 
 #include <lockstep/core/error.h>
@@ -36,17 +38,20 @@ std::string list(const std::vector<std::string>& items) {
 
 // The one message for every way a state_dict and a model differ, with the KeyMap rule that
 // would reconcile the names when one explains them all.
-std::string mismatch_message(const std::vector<std::string>& problems, const LoadStateDictResult& keys) {
-  std::string message = "the state_dict does not match the model (";
-  for (size_t i = 0; i < problems.size(); ++i) message += (i ? "; " : "") + problems[i];
-  const auto [from, to] = detail::suggest_prefix_rule(keys.unexpected_keys, keys.missing_keys);
-  if (!from.empty() || !to.empty()) {
-    return message + "). Its names differ from the model's by a prefix: map them with KeyMap().rename_prefix(\"" +
-           from + "\", \"" + to + "\") (the Trainer's --init-weights-rename '" + from + "=" + to + "').";
+std::string mismatch_message(const StateDictCheck& check) {
+  const std::string message = "the state_dict does not match the model (" + check.mismatch + "). ";
+  if (!check.rename_from.empty() || !check.rename_to.empty()) {
+    return message + "Its names differ from the model's by a prefix: map them with KeyMap().rename_prefix(\"" +
+           check.rename_from + "\", \"" + check.rename_to + "\") (the Trainer's --init-weights-rename '" +
+           check.rename_from + "=" + check.rename_to + "').";
   }
-  return message +
-         "). It was saved from a different model: load a checkpoint of this model, build the model with the same "
-         "layers and names, map the names with a KeyMap, or pass strict=false to skip missing and unexpected keys.";
+  if (check.only_names) {
+    return message + "It was saved from a different model: load a checkpoint of this model, build the model with "
+                     "the same layers and names, map the names with a KeyMap, or load with strict=false to skip the "
+                     "missing and unexpected names (the Trainer's --init-weights-strict false).";
+  }
+  return message + "It was saved from a different model: load a checkpoint of this model, or build the model with "
+                   "the checkpoint's sizes; strict=false skips names, not shapes.";
 }
 
 }  // namespace
@@ -57,14 +62,14 @@ c10::Dict<std::string, torch::Tensor> state_dict(const torch::nn::Module& module
   return out;
 }
 
-LoadStateDictResult load_state_dict(torch::nn::Module& module, const c10::impl::GenericDict& state, bool strict) {
-  const auto targets = state_dict(module);
-  LoadStateDictResult result;
+StateDictCheck check_state_dict(const c10::Dict<std::string, torch::Tensor>& targets,
+                                const c10::impl::GenericDict& state, bool strict) {
+  StateDictCheck check;
   std::vector<std::string> problems;
   for (const auto& entry : state) {
     const std::string key = entry.key().isString() ? entry.key().toStringRef() : "<" + entry.key().type()->str() + " key>";
     if (!entry.key().isString() || !targets.contains(key)) {
-      result.unexpected_keys.push_back(key);
+      check.keys.unexpected_keys.push_back(key);
       continue;
     }
     if (!entry.value().isTensor()) {
@@ -79,16 +84,34 @@ LoadStateDictResult load_state_dict(torch::nn::Module& module, const c10::impl::
     }
   }
   for (const auto& entry : targets) {
-    if (!state.contains(entry.key())) result.missing_keys.push_back(entry.key());
+    if (!state.contains(entry.key())) check.keys.missing_keys.push_back(entry.key());
   }
-  if (strict && !result.missing_keys.empty()) problems.push_back("missing keys: " + list(result.missing_keys));
-  if (strict && !result.unexpected_keys.empty()) problems.push_back("unexpected keys: " + list(result.unexpected_keys));
-  if (!problems.empty()) throw UsageError(mismatch_message(problems, result));
+  check.only_names = problems.empty();
+  if (strict && !check.keys.missing_keys.empty()) problems.push_back("missing keys: " + list(check.keys.missing_keys));
+  if (strict && !check.keys.unexpected_keys.empty()) {
+    problems.push_back("unexpected keys: " + list(check.keys.unexpected_keys));
+  }
+  for (size_t i = 0; i < problems.size(); ++i) check.mismatch += (i ? "; " : "") + problems[i];
+  if (!check.mismatch.empty()) {
+    std::tie(check.rename_from, check.rename_to) =
+        detail::suggest_prefix_rule(check.keys.unexpected_keys, check.keys.missing_keys);
+  }
+  return check;
+}
+
+StateDictCheck check_state_dict(const torch::nn::Module& module, const c10::impl::GenericDict& state, bool strict) {
+  return check_state_dict(state_dict(module), state, strict);
+}
+
+LoadStateDictResult load_state_dict(torch::nn::Module& module, const c10::impl::GenericDict& state, bool strict) {
+  const auto targets = state_dict(module);
+  const StateDictCheck check = check_state_dict(targets, state, strict);
+  if (!check.mismatch.empty()) throw UsageError(mismatch_message(check));
   torch::NoGradGuard no_grad;
   for (const auto& entry : targets) {
     if (state.contains(entry.key())) entry.value().copy_(state.at(entry.key()).toTensor());
   }
-  return result;
+  return check.keys;
 }
 
 LoadStateDictResult load_state_dict(torch::nn::Module& module, const c10::Dict<std::string, torch::Tensor>& state,

@@ -90,7 +90,54 @@ void check_rename_applies(const std::string& rename, const std::string& path, bo
                  "this Trainer's own checkpoint", ", whose names are the module's. Drop --ckpt-path-rename.");
 }
 
+// What to do about a checkpoint whose weights do not match the module: the Trainer's flags.
+std::string resume_mismatch(const std::string& path, const checkpoint::StateDictCheck& check) {
+  const std::string message = "--ckpt-path " + path + ": the checkpoint does not match the model (" + check.mismatch +
+                              "). ";
+  if (!check.rename_from.empty() || !check.rename_to.empty()) {
+    return message + "Its names differ from the module's by a prefix: it was saved from another module. Resume with "
+                     "the module it was saved from, or start a new run from its weights with --init-weights " + path +
+           " --init-weights-rename '" + check.rename_from + "=" + check.rename_to + "'.";
+  }
+  if (check.only_names) {
+    return message + "A resume needs every name: resume with the module it was saved from, or start a new run "
+                     "from the weights whose names match with --init-weights " + path +
+           " --init-weights-strict false (no optimizer state; epoch 0).";
+  }
+  return message + "It was saved from a model of other sizes: resume with the module it was saved from, or pass a "
+                   "checkpoint of this one (no flag skips a shape mismatch).";
+}
+
+std::string init_weights_mismatch(const std::string& path, const checkpoint::StateDictCheck& check) {
+  const std::string message = "--init-weights " + path + ": the weights do not match the model (" + check.mismatch +
+                              "). ";
+  if (!check.rename_from.empty() || !check.rename_to.empty()) {
+    return message + "Their names differ from the module's by a prefix: map them with --init-weights-rename '" +
+           check.rename_from + "=" + check.rename_to + "'.";
+  }
+  if (check.only_names) {
+    return message + "Skip the missing and unexpected names with --init-weights-strict false, or pass weights of "
+                     "this module.";
+  }
+  return message + "They were saved from a model of other sizes: build the module with the file's sizes, or pass "
+                   "weights of this module (no flag skips a shape mismatch).";
+}
+
 }  // namespace
+
+void Trainer::check_weights_match(const torch::nn::Module& module) const {
+  // Before launch, as the files were read: a mismatch is one message, once, from one process.
+  if (init_weights_) {
+    const auto keys = checkpoint::KeyMap::parse(options_.init_weights_rename());
+    const auto check = checkpoint::check_state_dict(module, keys.apply(*init_weights_), options_.init_weights_strict());
+    if (!check.mismatch.empty()) throw UsageError(init_weights_mismatch(options_.init_weights(), check));
+  }
+  if (!early_checkpoint_ || checkpoint::is_lightning_checkpoint(*early_checkpoint_)) return;
+  const auto& ckpt = *early_checkpoint_;
+  if (!ckpt.contains("state_dict") || !ckpt.at("state_dict").isGenericDict()) return;  // refused in restore()
+  const auto check = checkpoint::check_state_dict(module, ckpt.at("state_dict").toGenericDict());
+  if (!check.mismatch.empty()) throw UsageError(resume_mismatch(options_.ckpt_path(), check));
+}
 
 c10::impl::GenericDict Trainer::checkpoint_state() const {
   auto ckpt = checkpoint::make_checkpoint();
@@ -231,11 +278,10 @@ void Trainer::check_init_weights_source() {
   }
   try {
     const auto file = checkpoint_io_->load(path);
-    // A checkpoint (Lockstep's, or a dict that holds a "state_dict" and no tensors of its own)
-    // gives its weights.
-    const bool tensors = std::any_of(file.begin(), file.end(), [](const auto& entry) { return entry.value().isTensor(); });
+    // A checkpoint (Lockstep's or Lightning's: a "state_dict" dict beside the loop's state, an
+    // rng_state tensor among it) gives its weights; a module has no parameter that is a dict.
     const bool nested = file.contains("state_dict") && file.at("state_dict").isGenericDict();
-    init_weights_ = nested && !tensors ? file.at("state_dict").toGenericDict() : file;
+    init_weights_ = nested ? file.at("state_dict").toGenericDict() : file;
   } catch (const UsageError& e) {
     throw UsageError(flag + message_of(e));
   }
@@ -245,12 +291,10 @@ void Trainer::load_init_weights() {
   if (!init_weights_) return;
   const std::string flag = "--init-weights " + options_.init_weights() + ": ";
   const auto keys = checkpoint::KeyMap::parse(options_.init_weights_rename());
-  checkpoint::LoadStateDictResult result;
-  try {
-    result = checkpoint::load_state_dict(*module_, keys.apply(*init_weights_), options_.init_weights_strict());
-  } catch (const UsageError& e) {
-    throw UsageError(flag + message_of(e));
-  }
+  const auto state = keys.apply(*init_weights_);
+  const auto check = checkpoint::check_state_dict(*module_, state, options_.init_weights_strict());
+  if (!check.mismatch.empty()) throw UsageError(init_weights_mismatch(options_.init_weights(), check));
+  const auto result = checkpoint::load_state_dict(*module_, state, options_.init_weights_strict());
   init_weights_.reset();
   if (!plan_.strategy->is_global_zero()) return;
   if (!result.missing_keys.empty() || !result.unexpected_keys.empty()) {
@@ -285,6 +329,12 @@ bool Trainer::restore(const std::string& ckpt_path) {
   early_checkpoint_.reset();
   if (checkpoint::is_lightning_checkpoint(ckpt)) ckpt = from_lightning(ckpt, path);
   check_resumable(ckpt, path);
+  // --ckpt-path last, or a file not read before launch: the same fix, from every rank. A sharded
+  // module's names and sizes are only known by gathering it: its strategy checks them itself.
+  if (!plan_.strategy->shards_state() && ckpt.at("state_dict").isGenericDict()) {
+    const auto check = checkpoint::check_state_dict(*module_, ckpt.at("state_dict").toGenericDict());
+    if (!check.mismatch.empty()) throw UsageError(resume_mismatch(path, check));
+  }
   read_entry(path, "state_dict", "a dict of parameter and buffer names to tensors",
              [&] { plan_.strategy->load_module_state_dict(*module_, ckpt.at("state_dict").toGenericDict()); });
   restore_optimizers(ckpt, path);

@@ -200,6 +200,7 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
   if (!set_up_) {
     check_resume_source();
     check_init_weights_source();
+    check_weights_match(*module);
     LOCKSTEP_CHECK(options_.accumulate_grad_batches() >= 1, UsageError, "--accumulate-grad-batches ",
                    options_.accumulate_grad_batches(), ": use 1 or more.");
     LOCKSTEP_CHECK(options_.check_val_every_n_epoch() >= 1, UsageError, "--check-val-every-n-epoch ",
@@ -222,6 +223,7 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
     // asks its logger: asking claims a new version_N directory.
     const bool ask_logger = !loggers_.empty() && plan_.strategy->is_global_zero();
     const std::string mine = ask_logger ? loggers_.front()->log_dir() : options_.default_root_dir();
+    if (ask_logger) claimed_run_dir_ = mine;
     log_dir_ = plan_.strategy->broadcast(c10::IValue(mine), 0).toStringRef();
     set_up_ = true;
   }
@@ -332,16 +334,19 @@ void Trainer::fit(const std::shared_ptr<TrainingModule>& module, const std::shar
     run_fit(module, train, val);
   } catch (const Error& e) {
     notify_exception(e);
+    remove_empty_run_folder();
     // On local rank 0 of a job it launched: end the workers now, before this rank's process group
     // goes away and their failures could be taken for the cause.
     launchers::end_launched_job(e.exit_code());
     throw;
   } catch (const std::exception& e) {
     notify_exception(e);
+    remove_empty_run_folder();
     launchers::end_launched_job(1);
     throw;
   } catch (...) {
     notify_exception(Error(ErrorKind::training, "fit ended by an exception that is not a std::exception"));
+    remove_empty_run_folder();
     launchers::end_launched_job(1);
     throw;
   }
@@ -357,6 +362,17 @@ void Trainer::notify_exception(const std::exception& error) {
                 << "); the error that ended fit follows.\n";
     }
   }
+}
+
+void Trainer::remove_empty_run_folder() noexcept {
+  // Only the folder this run's loggers made: --default-root-dir itself is the user's.
+  if (claimed_run_dir_.empty()) return;
+  namespace fs = std::filesystem;
+  std::error_code error;
+  for (fs::recursive_directory_iterator it(claimed_run_dir_, error), end; !error && it != end; it.increment(error)) {
+    if (!it->is_directory(error)) return;  // something was written: the folder stays
+  }
+  if (!error) fs::remove_all(claimed_run_dir_, error);
 }
 
 void Trainer::run_fit(const std::shared_ptr<TrainingModule>& module, const std::shared_ptr<DataLoader>& train,

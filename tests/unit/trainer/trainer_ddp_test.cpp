@@ -214,6 +214,28 @@ TEST_F(TrainerDDP, TwoDeterministicRunsEndBitForBitAlike) {
   for (int r = 0; r < 2; ++r) EXPECT_EQ(max_diff(first[r], second[r]), 0.0);
 }
 
+// A checkpoint of a wider model given to a 2-rank job: one message, from one process, before any
+// rank starts, naming a fix that exists (not a strict=false the Trainer has no flag for), and no
+// empty run folder left behind.
+TEST_F(TrainerDDP, AWiderModelsCheckpointIsOneMessageOnceAndLeavesNoRunFolder) {
+  run("wide", {"--devices", "1", "--max-epochs", "1", "--features", "10"}, "runs_wide");
+  const auto ckpt = (dir / "runs_wide/lockstep_logs/version_0/checkpoints/last.ckpt").string();
+  const auto result = start("narrow", {"--devices", "2", "--max-epochs", "1", "--ckpt-path", ckpt}, "runs_narrow");
+  EXPECT_EQ(result.exit_code, 2) << result.err;
+  const std::string message = "trainer_program: error: --ckpt-path " + ckpt + ": the checkpoint does not match the " +
+                              "model (size mismatch for fc1.weight: the checkpoint has [16, 10], the model [16, 8]). ";
+  const auto at = result.err.find(message);
+  ASSERT_NE(at, std::string::npos) << result.err;
+  EXPECT_EQ(result.err.find(message, at + 1), std::string::npos) << "printed twice: " << result.err;
+  EXPECT_NE(result.err.find("resume with the module it was saved from"), std::string::npos) << result.err;
+  EXPECT_EQ(result.err.find("strict=false"), std::string::npos) << result.err;
+  EXPECT_EQ(result.err.find("worker"), std::string::npos) << "a rank was started: " << result.err;
+  std::error_code none;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir / "runs_narrow", none)) {
+    ADD_FAILURE() << "left behind: " << entry.path();
+  }
+}
+
 // Rank 0's own failure ends a self-launched job at once with rank 0's code: the worker is told,
 // not waited for (60 s at exit before), and not blamed. A worker's failure is still reported as
 // before.
