@@ -59,6 +59,14 @@ c10d::ReduceOp c10d_op(ReduceOp op) {
 
 // NCCL reduces CUDA tensors only: a CPU tensor goes through the group's device (and back, by the
 // caller). Gloo's device is the CPU, so there every tensor stays where it is.
+// A buffer that the process group fills from its own thread (Gloo's allgather copies into it
+// there), where the caller's InferenceMode does not reach: an ordinary tensor, so that the copy
+// is allowed when the caller evaluates under InferenceMode (the Trainer's default).
+at::Tensor output_buffer_like(const at::Tensor& tensor) {
+  c10::InferenceMode ordinary(false);
+  return torch::empty_like(tensor);
+}
+
 at::Tensor on_group_device(const ProcessGroup& group, const at::Tensor& tensor) {
   return group.device().is_cuda() && !tensor.is_cuda() ? tensor.to(group.device()) : tensor;
 }
@@ -87,7 +95,7 @@ void check_same_call(ProcessGroup& group, const std::string& call, const Collect
   std::memcpy(mine.data_ptr(), call.data(), std::min<size_t>(call.size(), kCallBytes - 1));
   std::vector<at::Tensor> in{on_group_device(group, mine)};
   std::vector<std::vector<at::Tensor>> out(1);
-  for (int r = 0; r < group.world_size(); ++r) out[0].push_back(torch::empty_like(in[0]));
+  for (int r = 0; r < group.world_size(); ++r) out[0].push_back(output_buffer_like(in[0]));
   c10d::AllgatherOptions go;
   go.timeout = timeout_of(group, options);
   // Arrivals in the store, for the line a rank that waits long prints.
@@ -202,7 +210,7 @@ std::vector<at::Tensor> all_gather(ProcessGroup& group, const at::Tensor& tensor
   };
   auto header = on_group_device(group, torch::tensor(header_of(input), torch::kInt64));
   std::vector<std::vector<at::Tensor>> headers(1);
-  for (int r = 0; r < n; ++r) headers[0].push_back(torch::empty_like(header));
+  for (int r = 0; r < n; ++r) headers[0].push_back(output_buffer_like(header));
   std::vector<at::Tensor> header_in{header};
   wait_for(group, group.backend()->allgather(headers, header_in, go), "all_gather", options);
   std::vector<int64_t> rows(n);
@@ -227,7 +235,7 @@ std::vector<at::Tensor> all_gather(ProcessGroup& group, const at::Tensor& tensor
     send.slice(0, 0, input.size(0)).copy_(input);
   }
   std::vector<std::vector<at::Tensor>> out(1);
-  for (int r = 0; r < n; ++r) out[0].push_back(torch::empty_like(send));
+  for (int r = 0; r < n; ++r) out[0].push_back(output_buffer_like(send));
   std::vector<at::Tensor> in{send};
   wait_for(group, group.backend()->allgather(out, in, go), "all_gather", options);
   std::vector<at::Tensor> parts;

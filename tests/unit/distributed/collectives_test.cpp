@@ -270,6 +270,30 @@ TEST_P(Collectives, CheckedCollectivesThatDifferAreNamedOnEveryRank) {
   }
 }
 
+// Under InferenceMode (the Trainer's evaluation, --inference-mode true): Gloo copies a gathered
+// tensor into its buffer from its own thread, where the mode does not reach, so the buffers must
+// be ordinary tensors; with the calls checked too. The tensors given are inference tensors.
+TEST_P(Collectives, CollectivesRunUnderInferenceMode) {
+  const int n = GetParam();
+  for (const bool checked : {false, true}) {
+    const auto body = [n](ProcessGroup& g) {
+      c10::InferenceMode inference;
+      const auto mine = torch::full({g.rank() + 1, 2}, static_cast<float>(g.rank()));
+      ASSERT_TRUE(mine.is_inference());
+      const auto parts = all_gather(g, mine);
+      ASSERT_EQ(static_cast<int>(parts.size()), n);
+      for (int r = 0; r < n; ++r) EXPECT_TRUE(parts[r].equal(torch::full({r + 1, 2}, static_cast<float>(r))));
+      EXPECT_FLOAT_EQ(all_reduce(g, torch::ones({2}), ReduceOp::sum)[1].item<float>(), static_cast<float>(n));
+      EXPECT_EQ(broadcast(g, c10::IValue(int64_t{g.rank() + 7}), 0).toInt(), 7);
+    };
+    if (checked) {
+      run_checked_ranks(n, body);
+    } else {
+      run_ranks(n, body);
+    }
+  }
+}
+
 TEST_P(Collectives, CheckedCollectivesWithOtherShapesDiffer) {
   const int n = GetParam();
   std::vector<std::string> messages(n);
