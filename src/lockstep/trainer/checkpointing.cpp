@@ -19,6 +19,7 @@
 #include <lockstep/checkpoint/sharded_checkpoint.h>
 #include <lockstep/checkpoint/state_dict.h>
 #include <lockstep/core/error.h>
+#include <lockstep/launchers/launcher.h>
 #include <lockstep/trainer/trainer.h>
 
 #include "trainer_internal.h"
@@ -89,6 +90,15 @@ void check_rename_applies(const std::string& rename, const std::string& path, bo
                  "Lightning checkpoint, and --ckpt-path ", path, " is ", path == "last" ? "this Trainer's newest" :
                  "this Trainer's own checkpoint", ", whose names are the module's. Drop --ckpt-path-rename.");
 }
+
+// A mismatch every rank finds alike (the same file, the same module): rank 0 reports it, so that
+// cli::guarded_main prints it once for the job.
+class MismatchOnEveryRank : public UsageError {
+ public:
+  MismatchOnEveryRank(const std::string& message, bool report_here) : UsageError(message) {
+    set_report_here(report_here);
+  }
+};
 
 // What to do about a checkpoint whose weights do not match the module: the Trainer's flags.
 std::string resume_mismatch(const std::string& path, const checkpoint::StateDictCheck& check) {
@@ -333,7 +343,10 @@ bool Trainer::restore(const std::string& ckpt_path) {
   // module's names and sizes are only known by gathering it: its strategy checks them itself.
   if (!plan_.strategy->shards_state() && ckpt.at("state_dict").isGenericDict()) {
     const auto check = checkpoint::check_state_dict(*module_, ckpt.at("state_dict").toGenericDict());
-    if (!check.mismatch.empty()) throw UsageError(resume_mismatch(path, check));
+    if (!check.mismatch.empty()) {
+      launchers::expect_launched_job_exit(2);  // the other ranks' exit code 2 is this, not a new failure
+      throw MismatchOnEveryRank(resume_mismatch(path, check), plan_.strategy->is_global_zero());
+    }
   }
   read_entry(path, "state_dict", "a dict of parameter and buffer names to tensors",
              [&] { plan_.strategy->load_module_state_dict(*module_, ckpt.at("state_dict").toGenericDict()); });

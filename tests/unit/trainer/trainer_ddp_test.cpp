@@ -216,7 +216,7 @@ TEST_F(TrainerDDP, TwoDeterministicRunsEndBitForBitAlike) {
 
 // A checkpoint of a wider model given to a 2-rank job: one message, from one process, before any
 // rank starts, naming a fix that exists (not a strict=false the Trainer has no flag for), and no
-// empty run folder left behind.
+// empty run folder left behind; found by --ckpt-path last, one message too.
 TEST_F(TrainerDDP, AWiderModelsCheckpointIsOneMessageOnceAndLeavesNoRunFolder) {
   run("wide", {"--devices", "1", "--max-epochs", "1", "--features", "10"}, "runs_wide");
   const auto ckpt = (dir / "runs_wide/lockstep_logs/version_0/checkpoints/last.ckpt").string();
@@ -234,6 +234,14 @@ TEST_F(TrainerDDP, AWiderModelsCheckpointIsOneMessageOnceAndLeavesNoRunFolder) {
   for (const auto& entry : std::filesystem::recursive_directory_iterator(dir / "runs_narrow", none)) {
     ADD_FAILURE() << "left behind: " << entry.path();
   }
+  // --ckpt-path last is found once the ranks run: each finds the mismatch, rank 0 alone says it.
+  const auto last = start("narrow_last", {"--devices", "2", "--max-epochs", "1", "--ckpt-path", "last"}, "runs_wide");
+  EXPECT_EQ(last.exit_code, 2) << last.err;
+  const auto first = last.err.find("trainer_program: error: --ckpt-path " + ckpt + ": the checkpoint does not match");
+  ASSERT_NE(first, std::string::npos) << last.err;
+  EXPECT_EQ(last.err.find("trainer_program: error:", first + 1), std::string::npos) << "printed twice: " << last.err;
+  EXPECT_EQ(last.err.find("worker"), std::string::npos) << last.err;
+  EXPECT_FALSE(std::filesystem::exists(dir / "runs_wide/lockstep_logs/version_1")) << "an empty run folder was left";
 }
 
 // Rank 0's own failure ends a self-launched job at once with rank 0's code: the worker is told,
