@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <sstream>
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -20,15 +19,14 @@
 #include <lockstep/core/error.h>
 #include <lockstep/distributed/network_route.h>
 
+#include "rank_zero_probe.h"
+#include "wait_for.h"
+
 namespace lockstep {
 namespace distributed {
 namespace {
 
-std::string seconds(std::chrono::milliseconds t) {
-  std::ostringstream out;
-  out << static_cast<double>(t.count()) / 1000.0 << " s";
-  return out.str();
-}
+using detail::seconds;
 
 void validate(const ProcessGroupOptions& o) {
   if (o.world_size() < 1) {
@@ -200,7 +198,13 @@ void join_world(c10d::Store& store, const ProcessGroupOptions& o, const std::str
       store.set("lockstep/join/done", bytes_of("refused"));
       throw DistributedError(who + ": " + why + fix);
     }
-    if (store.add("lockstep/join/joined", 1) == o.world_size()) store.set("lockstep/join/done", bytes_of("joined"));
+    const int64_t joined = store.add("lockstep/join/joined", 1);
+    if (joined > o.world_size()) {
+      throw DistributedError(who + ": rank 0 at " + endpoint + " already has all " + std::to_string(o.world_size()) +
+                             " ranks of its job: this port belongs to another job (rank 0 of this one then fails "
+                             "with 'already in use'). Start every rank of this job with a free MASTER_PORT.");
+    }
+    if (joined == o.world_size()) store.set("lockstep/join/done", bytes_of("joined"));
     try {
       store.wait({"lockstep/join/done"}, o.timeout());
     } catch (const std::exception& e) {
@@ -274,6 +278,10 @@ std::shared_ptr<ProcessGroup> ProcessGroup::init(const ProcessGroupOptions& opti
   store_options.isServer = options.rank() == 0 && !options.use_agent_store();
   store_options.waitWorkers = false;
   const std::string endpoint = options.main_address() + ":" + std::to_string(options.main_port());
+  if (!store_options.isServer && !options.use_agent_store()) {
+    detail::await_rank_zero(options.main_address(), options.main_port(), options.timeout(),
+                            "rank " + std::to_string(options.rank()) + "/" + std::to_string(options.world_size()));
+  }
   c10::intrusive_ptr<c10d::Store> store;
   const auto started = std::chrono::steady_clock::now();
   try {

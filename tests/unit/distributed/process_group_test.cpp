@@ -195,6 +195,77 @@ TEST(Connect, ABrokenPipeIsAnErrorNotADeath) {
       << "the program's own SIGPIPE handler should be kept";
 }
 
+// A rank started by hand on a port that another program holds (rank 0 then fails with "already in
+// use") must not wait out the 30-minute rendezvous timeout: it says what it found within seconds.
+TEST(Rendezvous, ARankFindingAnotherProgramOnThePortFailsWithinSeconds) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);  // listens, never answers
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(::listen(fd, 8), 0);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  const int port = ntohs(address.sin_port);
+  const auto start = std::chrono::steady_clock::now();
+  std::string message;
+  try {
+    ProcessGroup::init(ProcessGroupOptions(1, 2).main_port(port).timeout(120s));
+    ADD_FAILURE() << "rank 1 joined a program that is not a store";
+  } catch (const DistributedError& e) {
+    message = e.what();
+  }
+  ::close(fd);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s) << message;
+  EXPECT_NE(message.find("rank 1/2: rendezvous at 127.0.0.1:" + std::to_string(port) + " failed after"),
+            std::string::npos) << message;
+  EXPECT_NE(message.find("did not answer as rank 0 of a Lockstep job within 10 s"), std::string::npos) << message;
+  EXPECT_NE(message.find("Port " + std::to_string(port) + " is taken by another program or job"), std::string::npos)
+      << message;
+}
+
+// The port held by a running job of the same size: its store answers, so the stray rank is
+// refused by the count of ranks that joined, at once.
+TEST(Rendezvous, ARankOfAnotherJobIsRefusedAtOnce) {
+  const int port = closed_port();
+  std::vector<std::shared_ptr<ProcessGroup>> job(2);
+  testing::run_threads(2, [&](int rank) {
+    job[rank] = ProcessGroup::init(ProcessGroupOptions(rank, 2).main_port(port).timeout(30s));
+  });
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    ProcessGroup::init(ProcessGroupOptions(1, 2).main_port(port).timeout(120s));
+    ADD_FAILURE() << "a third rank joined a job of two";
+  } catch (const DistributedError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("rank 1/2: rank 0 at 127.0.0.1:" + std::to_string(port) + " already has all 2 ranks of "
+                           "its job: this port belongs to another job"), std::string::npos) << message;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
+}
+
+// Ranks may start before rank 0 (nodes boot at different times): they wait for it to listen.
+TEST(Rendezvous, RanksStartedBeforeRankZeroWaitForIt) {
+  const int port = closed_port();
+  testing::run_threads(2, [&](int rank) {
+    if (rank == 0) std::this_thread::sleep_for(1500ms);
+    auto group = ProcessGroup::init(ProcessGroupOptions(rank, 2).main_port(port).timeout(30s));
+    EXPECT_EQ(all_reduce(*group, torch::ones({1}), ReduceOp::sum).item<float>(), 2.0f);
+  });
+}
+
+TEST(Rendezvous, NothingListeningIsATimeoutThatSaysSo) {
+  const int port = closed_port();
+  try {
+    ProcessGroup::init(ProcessGroupOptions(1, 2).main_port(port).timeout(1s));
+    ADD_FAILURE() << "rendezvous without rank 0 succeeded";
+  } catch (const DistributedError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("rank 1/2: rendezvous at 127.0.0.1:" + std::to_string(port) + " timed out after 1 s "
+                           "(nothing accepted connections there)"), std::string::npos) << message;
+  }
+}
+
 // --process-group-backend nccl builds LibTorch's ProcessGroupNCCL where LibTorch has one. Without
 // a GPU its constructor refuses, and that refusal (named, with the fix) proves it was called; a
 // LibTorch without NCCL (Debian's 1.13) refuses the name before anything is built.
