@@ -1,7 +1,7 @@
 // A Trainer run driven by the Trainer flags, for the multi-process Trainer tests and the
 // bad-input table: trains tests/support/regression.h's model and writes each rank's parameters.
 //   trainer_program [trainer flags] --out DIR [--batch-size B] [--adam] [--save PATH] [--val] [--csv-logger]
-//                   [--fail-on-rank R] [--pause-ms MS] [--nan-at-step S --nan-on-rank R]
+//                   [--fail-on-rank R] [--pause-ms MS [--pause-on-rank R]] [--nan-at-step S --nan-on-rank R]
 //                   [--crash-at-step S --crash-on-rank R] [--checkpoint-every-n-steps K]
 //                   [--manual plain|twice|manual_backward] [--features F]
 // With --val it also validates (32 examples) and writes each rank's validation count. With
@@ -55,13 +55,13 @@ struct FailOnRank : lockstep::Callback {
   int rank;
 };
 
-// Pauses every rank once, after its first training batch, announcing it in a file.
+// Pauses every rank (or only `rank`) once, after its first training batch, announcing it in a file.
 struct PauseOnce : lockstep::Callback {
-  PauseOnce(std::string out, int ms) : out(std::move(out)), ms(ms) {}
+  PauseOnce(std::string out, int ms, int rank) : out(std::move(out)), ms(ms), rank(rank) {}
   std::string name() const override { return "PauseOnce"; }
   void on_train_batch_end(lockstep::TrainerView& trainer, lockstep::TrainingModule&, const torch::Tensor&,
                           int64_t batch_idx) override {
-    if (batch_idx != 0 || trainer.current_epoch() != 0) return;
+    if (batch_idx != 0 || trainer.current_epoch() != 0 || (rank >= 0 && trainer.global_rank() != rank)) return;
     const std::string file = out + "/paused." + std::to_string(trainer.global_rank());
     { std::ofstream(file + ".partial") << ::getpid() << "\n"; }
     std::rename((file + ".partial").c_str(), file.c_str());
@@ -69,6 +69,7 @@ struct PauseOnce : lockstep::Callback {
   }
   std::string out;
   int ms;
+  int rank;
 };
 
 // Ends one rank's process after one step, as a crash would, in a job's first attempt.
@@ -131,7 +132,7 @@ int run(int argc, char** argv) {
     std::string out, save, manual;
     int64_t batch_size = 8;
     bool adam = false, validate = false, csv_logger = false;
-    int fail_on_rank = -1, pause_ms = 0, nan_on_rank = 0, crash_on_rank = 1;
+    int fail_on_rank = -1, pause_ms = 0, pause_on_rank = -1, nan_on_rank = 0, crash_on_rank = 1;
     int64_t nan_at_step = 0, crash_at_step = 0, checkpoint_every = 0, features = 8;
     app.add_option("--out", out)->required();
     app.add_option("--batch-size", batch_size);
@@ -141,6 +142,7 @@ int run(int argc, char** argv) {
     app.add_flag("--csv-logger", csv_logger);
     app.add_option("--fail-on-rank", fail_on_rank);
     app.add_option("--pause-ms", pause_ms);
+    app.add_option("--pause-on-rank", pause_on_rank);
     app.add_option("--nan-at-step", nan_at_step);
     app.add_option("--nan-on-rank", nan_on_rank);
     app.add_option("--crash-at-step", crash_at_step);
@@ -167,7 +169,7 @@ int run(int argc, char** argv) {
           lockstep::loggers::LoggerOptions(options.default_root_dir())));
     }
     if (fail_on_rank >= 0) trainer.add_callback(std::make_shared<FailOnRank>(fail_on_rank));
-    if (pause_ms > 0) trainer.add_callback(std::make_shared<PauseOnce>(out, pause_ms));
+    if (pause_ms > 0) trainer.add_callback(std::make_shared<PauseOnce>(out, pause_ms, pause_on_rank));
     if (crash_at_step > 0) trainer.add_callback(std::make_shared<CrashOnce>(crash_at_step, crash_on_rank));
     if (checkpoint_every > 0) {
       trainer.add_callback(std::make_shared<lockstep::ModelCheckpoint>(

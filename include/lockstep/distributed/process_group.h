@@ -40,6 +40,10 @@ namespace distributed {
 ///
 ///   auto pg = ProcessGroup::init(ProcessGroupOptions(rank, 2).main_port(29500));
 ///   lockstep::distributed::all_reduce(*pg, grad);  // mean over ranks
+namespace detail {
+class LivenessWatch;
+}  // namespace detail
+
 class ProcessGroup {
  public:
   /// Rendezvous through a TCPStore hosted by rank 0 at main_address:main_port, then create the
@@ -99,6 +103,10 @@ class ProcessGroup {
                std::chrono::milliseconds timeout, std::string backend_name, c10::Device device,
                std::string main_address, bool is_subgroup);
 
+  // Starts the liveness watch of a world group made by init() (options.liveness_timeout).
+  void watch_liveness(const c10::intrusive_ptr<c10d::Store>& store, const ProcessGroupOptions& options,
+                      const std::string& store_name);
+
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<Backend> backend_;
   int rank_;
@@ -115,6 +123,7 @@ class ProcessGroup {
   std::map<std::string, int64_t> barrier_generations_;
   std::vector<std::string> host_addresses_;  // Gloo's address of each member, where the group spans hosts
   int main_port_ = 0;
+  std::shared_ptr<detail::LivenessWatch> liveness_;  // last: stops first
 };
 
 /// The backends this build can create: {"gloo"}, and "nccl" where LibTorch was built with NCCL

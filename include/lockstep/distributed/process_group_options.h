@@ -54,6 +54,12 @@ struct ProcessGroupOptions {
   /// Every blocking call (rendezvous, collectives, barriers) fails after this long.
   /// Default: 1800 s, as in Lightning Fabric and PyTorch.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::seconds(1800);
+  /// A rank that stops answering (its host gone, its process frozen) ends the job within this
+  /// long, however long `timeout` is: every rank beats through the store from a background
+  /// thread, and the ranks that find one silent for this long print which and exit with code 1,
+  /// so that the launcher ends the job or torchrun's agent restarts it. A slow step is not
+  /// silence. Started by init() in jobs of two or more ranks; zero turns it off. Default: 30 s.
+  TORCH_ARG(std::chrono::milliseconds, liveness_timeout) = std::chrono::seconds(30);
 };
 
 }  // namespace distributed

@@ -48,6 +48,10 @@ struct PlanOptions {
   TORCH_ARG(std::string, process_group_backend) = "";
   /// Seconds any collective may block before it fails, naming itself. Default: 1800.
   TORCH_ARG(double, timeout) = 1800.0;
+  /// Seconds after which a rank that stopped answering (its host gone, its process frozen) ends
+  /// the job, naming it, however long `timeout` is; a slow step is not silence
+  /// (ProcessGroupOptions::liveness_timeout). 0 turns the watch off. Default: 30.
+  TORCH_ARG(double, liveness_timeout) = 30.0;
   /// off|detail: with detail the ranks compare each collective's call (operation, tag, dtype,
   /// shape, number) before running it, and a difference stops every rank naming both calls (as
   /// LOCKSTEP_DISTRIBUTED_DEBUG=detail, PyTorch's TORCH_DISTRIBUTED_DEBUG). Default: "off".
@@ -92,6 +96,7 @@ struct PlanOptionsOf : PlanOptions {
   LOCKSTEP_PLAN_OPTION(sync_batchnorm)
   LOCKSTEP_PLAN_OPTION(process_group_backend)
   LOCKSTEP_PLAN_OPTION(timeout)
+  LOCKSTEP_PLAN_OPTION(liveness_timeout)
   LOCKSTEP_PLAN_OPTION(distributed_debug)
   LOCKSTEP_PLAN_OPTION(max_restarts)
   LOCKSTEP_PLAN_OPTION(configure_strategy)

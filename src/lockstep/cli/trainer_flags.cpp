@@ -237,6 +237,8 @@ void add_plan_flags_of(CLI::App& app, PlanOptions& o) {
   add(app, "--sync-batchnorm", o.sync_batchnorm(), "true|false: SyncBatchNorm under DDP");
   add(app, "--process-group-backend", o.process_group_backend(), backend_help());
   add(app, "--timeout", o.timeout(), "seconds a collective may block before it fails")->check(CLI::Range(0.001, 1e9));
+  add(app, "--liveness-timeout", o.liveness_timeout(), "seconds after which a rank that stopped answering ends the job; 0: off")
+      ->check(CLI::Range(0.0, 1e9));
   add(app, "--distributed-debug", o.distributed_debug(), "off|detail: the ranks compare each collective's call first");
   add(app, "--max-restarts", o.max_restarts(), "self-launch: start the job again after a failure, up to N times")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));

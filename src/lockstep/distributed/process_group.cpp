@@ -19,6 +19,7 @@
 #include <lockstep/core/error.h>
 #include <lockstep/distributed/network_route.h>
 
+#include "liveness_watch.h"
 #include "rank_zero_probe.h"
 #include "wait_for.h"
 
@@ -226,49 +227,19 @@ void join_world(c10d::Store& store, const ProcessGroupOptions& o, const std::str
   }
 }
 
-}  // namespace
-
-std::vector<std::string> available_backends() {
-  // Only what create_backend builds, never a name that quietly builds Gloo. Debian's CPU LibTorch
-  // 1.13 has Gloo alone; a LibTorch built with NCCL (PyPI's 2.x CUDA wheels) adds it. Lockstep
-  // builds no MPI process group.
-#ifdef USE_C10D_NCCL
-  return {"gloo", "nccl"};
-#else
-  return {"gloo"};
-#endif
+// One machine: a file instead of a listening socket.
+c10::intrusive_ptr<c10d::Store> open_file_store(const ProcessGroupOptions& options) {
+  try {
+    return c10::make_intrusive<c10d::FileStore>(options.store_file(), options.world_size());
+  } catch (const std::exception& e) {
+    throw DistributedError("rank " + std::to_string(options.rank()) + "/" + std::to_string(options.world_size()) +
+                           ": cannot open the rendezvous file " + options.store_file() + " (" + message_of(e) +
+                           "). It lives in the launcher's private folder; start the job with one launcher.");
+  }
 }
 
-ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
-                           c10::intrusive_ptr<Backend> backend, int rank, int world_size,
-                           std::vector<int> global_ranks, std::chrono::milliseconds timeout,
-                           std::string backend_name, c10::Device device, std::string main_address,
-                           bool is_subgroup)
-    : store_(std::move(store)),
-      backend_(std::move(backend)),
-      rank_(rank),
-      world_size_(world_size),
-      global_ranks_(std::move(global_ranks)),
-      timeout_(timeout),
-      backend_name_(std::move(backend_name)),
-      device_(device),
-      main_address_(std::move(main_address)),
-      is_subgroup_(is_subgroup) {}
-
-std::shared_ptr<ProcessGroup> ProcessGroup::init(const ProcessGroupOptions& options) {
-  validate(options);
-  if (!options.store_file().empty()) {
-    // One machine: a file instead of a listening socket, and Gloo on loopback.
-    c10::intrusive_ptr<c10d::Store> store;
-    try {
-      store = c10::make_intrusive<c10d::FileStore>(options.store_file(), options.world_size());
-    } catch (const std::exception& e) {
-      throw DistributedError("rank " + std::to_string(options.rank()) + "/" + std::to_string(options.world_size()) +
-                             ": cannot open the rendezvous file " + options.store_file() + " (" + message_of(e) +
-                             "). It lives in the launcher's private folder; start the job with one launcher.");
-    }
-    return init_with_store(store, ProcessGroupOptions(options).main_address("127.0.0.1"));
-  }
+// Rank 0's store (hosted by rank 0, or torchrun's agent's), once every rank joined it.
+c10::intrusive_ptr<c10d::Store> connect_tcp_store(const ProcessGroupOptions& options) {
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<std::uint16_t>(options.main_port());
   store_options.timeout = options.timeout();
@@ -316,7 +287,80 @@ std::shared_ptr<ProcessGroup> ProcessGroup::init(const ProcessGroupOptions& opti
   } else {
     join_world(*store, options, endpoint);
   }
-  return init_with_store(store, options);
+  return store;
+}
+
+
+// A second connection to the job's store for the liveness watch's threads: the first may be
+// blocked for the whole timeout in a wait of the main thread.
+c10::intrusive_ptr<c10d::Store> second_connection(const ProcessGroupOptions& options) {
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<std::uint16_t>(options.main_port());
+  store_options.timeout = options.timeout();
+  store_options.isServer = false;
+  store_options.waitWorkers = false;
+  c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(options.main_address(), store_options);
+  if (!options.use_agent_store()) return store;
+  return c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(options.restart_count()), store);
+}
+
+}  // namespace
+
+std::vector<std::string> available_backends() {
+  // Only what create_backend builds, never a name that quietly builds Gloo. Debian's CPU LibTorch
+  // 1.13 has Gloo alone; a LibTorch built with NCCL (PyPI's 2.x CUDA wheels) adds it. Lockstep
+  // builds no MPI process group.
+#ifdef USE_C10D_NCCL
+  return {"gloo", "nccl"};
+#else
+  return {"gloo"};
+#endif
+}
+
+ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
+                           c10::intrusive_ptr<Backend> backend, int rank, int world_size,
+                           std::vector<int> global_ranks, std::chrono::milliseconds timeout,
+                           std::string backend_name, c10::Device device, std::string main_address,
+                           bool is_subgroup)
+    : store_(std::move(store)),
+      backend_(std::move(backend)),
+      rank_(rank),
+      world_size_(world_size),
+      global_ranks_(std::move(global_ranks)),
+      timeout_(timeout),
+      backend_name_(std::move(backend_name)),
+      device_(device),
+      main_address_(std::move(main_address)),
+      is_subgroup_(is_subgroup) {}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::init(const ProcessGroupOptions& options) {
+  validate(options);
+  if (!options.store_file().empty()) {
+    // Gloo on loopback; the file store is safe to share with the watch's threads.
+    auto store = open_file_store(options);
+    auto group = init_with_store(store, ProcessGroupOptions(options).main_address("127.0.0.1"));
+    group->watch_liveness(store, options, "the job's store file");
+    return group;
+  }
+  auto group = init_with_store(connect_tcp_store(options), options);
+  const std::string endpoint = options.main_address() + ":" + std::to_string(options.main_port());
+  if (options.world_size() > 1 && options.liveness_timeout().count() > 0) {
+    group->watch_liveness(second_connection(options), options,
+                          (options.use_agent_store() ? "torchrun's store at " : "rank 0's store at ") + endpoint);
+  }
+  return group;
+}
+
+void ProcessGroup::watch_liveness(const c10::intrusive_ptr<c10d::Store>& store, const ProcessGroupOptions& options,
+                                  const std::string& store_name) {
+  if (world_size_ < 2 || options.liveness_timeout().count() <= 0) return;
+  std::vector<std::string> hosts;
+  if (std::any_of(host_addresses_.begin(), host_addresses_.end(),
+                  [&](const std::string& a) { return a != host_addresses_.front(); })) {
+    hosts = host_addresses_;
+  }
+  liveness_ = std::make_shared<detail::LivenessWatch>(store, rank_, world_size_, options.liveness_timeout(),
+                                                      std::move(hosts), describe(), store_name);
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::init_with_store(const c10::intrusive_ptr<c10d::Store>& store,

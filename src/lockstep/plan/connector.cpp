@@ -280,6 +280,7 @@ ExecutionPlan resolve_plan(const PlanOptions& o, const environments::Environ& en
   if (o.configure_strategy()) o.configure_strategy()(*plan.strategy);
   check_precision_against_strategy(plan);
   c.timeout_seconds = o.timeout();
+  c.liveness_timeout_seconds = o.liveness_timeout();
   c.sync_batchnorm = o.sync_batchnorm();
   c.check_collectives = collectives_checked(o);
   c.max_restarts = static_cast<int>(o.max_restarts());

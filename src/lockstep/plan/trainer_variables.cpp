@@ -117,6 +117,7 @@ void apply_trainer_variables(PlanOptions& o, const environments::Environ& enviro
   v.set("sync_batchnorm", o.sync_batchnorm(), d.sync_batchnorm());
   v.set("process_group_backend", o.process_group_backend(), d.process_group_backend());
   v.set("timeout", o.timeout(), d.timeout(), 0.001, 1e9);
+  v.set("liveness_timeout", o.liveness_timeout(), d.liveness_timeout(), 0.0, 1e9);
   v.set("distributed_debug", o.distributed_debug(), d.distributed_debug());
   v.set("max_restarts", o.max_restarts(), d.max_restarts(), 0, int64_t{1} << 20);
   o.trainer_variables(false);

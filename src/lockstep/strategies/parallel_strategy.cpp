@@ -42,6 +42,8 @@ void ParallelStrategy::setup_environment() {
   auto options = env.process_group_options()
                      .backend(context_.process_group_backend)
                      .timeout(std::chrono::milliseconds(static_cast<int64_t>(context_.timeout_seconds * 1000)))
+                     .liveness_timeout(std::chrono::milliseconds(
+                         static_cast<int64_t>(context_.liveness_timeout_seconds * 1000)))
                      .check_collectives(context_.check_collectives);
   // NCCL communicates on this rank's GPU (the connector takes nccl only with --accelerator cuda).
   if (context_.process_group_backend == "nccl") options.cuda_device(root_device().index());

@@ -107,6 +107,64 @@ TEST_P(KilledRank, TheJobEndsNamingTheRankWithinThirtySeconds) {
 INSTANTIATE_TEST_SUITE_P(Ranks, KilledRank, ::testing::Values(2, 4),
                          [](const ::testing::TestParamInfo<int>& info) { return "ranks" + std::to_string(info.param); });
 
+// A frozen rank (SIGSTOP; a host that vanished without closing its connections looks the same to
+// its peers) ends the job within 30 s, naming it, with the collective timeout left at 1800 s:
+// rank 1 of a self-launched job, and rank 0 under `lockstep launch` (whose launcher is apart).
+TEST(FrozenRank, TheJobEndsNamingItWithinTheLivenessTimeout) {
+  for (const bool launch : {false, true}) {
+    testing::TempDir dir("lockstep_frozen_rank");
+    std::vector<std::string> argv;
+    if (launch) argv = {std::string(LOCKSTEP_BIN_DIR) + "/lockstep", "launch", "--nproc-per-node", "2", "--"};
+    argv.insert(argv.end(), {program, "--out", dir.path(), "--default-root-dir", dir.path() + "/runs",
+                             "--liveness-timeout", "5", "--strategy", "ddp", "--max-epochs", "100000"});
+    if (!launch) argv.insert(argv.end(), {"--devices", "2"});
+    const int frozen = launch ? 0 : 1;
+    const auto job = testing::start_command(argv, environment());
+    ASSERT_GT(job.pid, 0);
+    for (int i = 0; i < 3000 && !std::filesystem::exists(dir.path() + "/runs/lockstep_logs"); ++i) {
+      std::this_thread::sleep_for(10ms);
+    }
+    std::this_thread::sleep_for(500ms);
+    const pid_t victim = worker_with_rank(job.pid, frozen);
+    ASSERT_GT(victim, 0) << "no worker with local rank " << frozen;
+    auto everyone = children_of(job.pid);
+    everyone.push_back(job.pid);
+    const auto stopped = std::chrono::steady_clock::now();
+    ::kill(victim, SIGSTOP);
+    const auto result = testing::finish_command(job, 60s);
+    bool any_alive = true;
+    while (any_alive && std::chrono::steady_clock::now() - stopped < 60s) {
+      any_alive = false;
+      for (pid_t pid : everyone) any_alive = any_alive || alive(pid);
+      if (any_alive) std::this_thread::sleep_for(10ms);
+    }
+    if (any_alive) ::kill(victim, SIGKILL);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
+    std::cerr << "[ measured ] rank " << frozen << (launch ? " under lockstep launch" : " self-launched")
+              << " frozen: every process gone after " << seconds << " s\n";
+    EXPECT_FALSE(any_alive);
+    EXPECT_LT(seconds, 30.0) << result.err;
+    EXPECT_NE(result.exit_code, 0) << result.err;
+    EXPECT_NE(result.err.find("rank " + std::to_string(frozen) + " stopped answering: no heartbeat for 5 s"),
+              std::string::npos) << result.err;
+  }
+}
+
+// A rank that is only slow (a step three times the liveness timeout) beats all along: the job
+// finishes.
+TEST(FrozenRank, ASlowRankIsNotLost) {
+  testing::TempDir dir("lockstep_slow_rank");
+  const auto result = testing::run_command(
+      {program, "--out", dir.path(), "--default-root-dir", dir.path() + "/runs", "--liveness-timeout", "3",
+       "--devices", "2", "--strategy", "ddp", "--max-epochs", "1", "--pause-ms", "9000", "--pause-on-rank", "1"},
+      environment(), 120s);
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.err.find("stopped answering"), std::string::npos) << result.err;
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/paused.1"));
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/done.0"));
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/done.1"));
+}
+
 // SIGKILL to the whole job at 20 random moments while it saves a checkpoint every step: every
 // *.ckpt that exists afterwards loads, last.ckpt included. One process: only rank 0 writes
 // checkpoints, and the same writer writes them under DDP; a second rank only cost start-up time.
