@@ -18,6 +18,9 @@
 #include <lockstep/callbacks/progress_bar.h>
 #include <lockstep/callbacks/progress_bar_options.h>
 #include <lockstep/callbacks/simple_profiler.h>
+#include <lockstep/callbacks/stochastic_weight_averaging.h>
+#include <lockstep/callbacks/weight_averaging.h>
+#include <lockstep/callbacks/weight_averaging_options.h>
 #include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/checkpoint/dcp_checkpoint.h>
 #include <lockstep/checkpoint/key_map.h>

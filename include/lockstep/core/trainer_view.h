@@ -8,8 +8,10 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
 #include <torch/types.h>
 
@@ -63,6 +65,31 @@ class TrainerView {
   virtual const std::vector<SchedulerConfig>& lr_schedulers() const = 0;
   /// loss.backward() with the strategy's gradient synchronisation.
   virtual void manual_backward(const torch::Tensor& loss) = 0;
+
+  // The weights as the strategy holds them, for callbacks that keep a copy beside them (weight
+  // averaging): whole under one process and DDP, this rank's pieces under FSDP.
+  /// The module's parameters and buffers by name as this rank holds them, sharing their memory
+  /// (clone to keep): whole, or this rank's 1-D pieces of the parameters under FSDP (buffers
+  /// whole). No collective.
+  virtual std::vector<std::pair<std::string, torch::Tensor>> local_weights() { return {}; }
+  /// Copies `values` (laid out as local_weights gives them) into the module; names left out keep
+  /// their values. No collective.
+  virtual void load_local_weights(const std::map<std::string, torch::Tensor>& values) {}
+  /// `values` (as local_weights lays them out) as a checkpoint's state_dict holds the module's
+  /// weights: whole, or this rank's pieces where the strategy saves pieces (FSDP sharded). Where
+  /// the strategy shards its state (FSDP) a collective: every rank calls it, as checkpoints do.
+  virtual c10::Dict<std::string, torch::Tensor> checkpoint_weights(const std::map<std::string, torch::Tensor>& values) {
+    return c10::Dict<std::string, torch::Tensor>();
+  }
+  /// The reverse: weights from a checkpoint (whole, or this rank's pieces) laid out as
+  /// local_weights gives them; names the module lacks are left out. No collective.
+  virtual std::map<std::string, torch::Tensor> local_weights_of(const c10::impl::GenericDict& state) { return {}; }
+  /// --max-epochs (-1: unset).
+  virtual int64_t max_epochs() const { return -1; }
+  /// One pass of training_step over this epoch's training batches in training mode, without
+  /// gradients, backward or step, for statistics such as batch norm's (SWA's update_bn); every
+  /// rank calls it. During fit (on_fit_end included) only: UsageError otherwise.
+  virtual void forward_training_batches() {}
 
   /// --fast-dev-run's batch count (0: off): callbacks that write or stop stand aside.
   virtual int64_t fast_dev_run() { return 0; }

@@ -74,6 +74,11 @@ class FSDPStrategy : public ParallelStrategy {
   void load_module_state_dict(torch::nn::Module& module, const c10::impl::GenericDict& state, bool strict) override;
   c10::impl::GenericDict optimizer_state_dict(const torch::optim::Optimizer& optimizer) override;
   void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::impl::GenericDict& state) override;
+  /// This rank's 1-D pieces of the parameters (the whole, flattened, where one is not sharded)
+  /// and the buffers whole.
+  std::vector<std::pair<std::string, torch::Tensor>> local_weights(const torch::nn::Module& module) override;
+  /// Into this rank's pieces; the next forward gathers the new values.
+  void load_local_weights(torch::nn::Module& module, const std::map<std::string, torch::Tensor>& values) override;
   bool saves_pieces() const override { return state_dict_type_ != StateDictType::full; }
   /// Sharded and dcp: every rank writes its pieces into the directory `path`, rank 0 commits it
   /// (a collective).

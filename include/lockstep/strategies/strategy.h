@@ -3,9 +3,11 @@
 /// Only the name is pure virtual; the defaults are those of one process on one device.
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Dict.h>
@@ -114,6 +116,14 @@ class Strategy {
   virtual c10::impl::GenericDict optimizer_state_dict(const torch::optim::Optimizer& optimizer);
   /// Loads a state from optimizer_state_dict() (also one saved by another strategy).
   virtual void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::impl::GenericDict& state);
+  /// The module's parameters and buffers by name as this rank holds them, sharing their memory
+  /// (clone to keep): whole here (DDP's replicas are equal); a sharded strategy gives this rank's
+  /// 1-D pieces of the parameters. For copies kept beside the weights in the same layout (weight
+  /// averaging); no collective.
+  virtual std::vector<std::pair<std::string, torch::Tensor>> local_weights(const torch::nn::Module& module);
+  /// Copies `values` (by name, laid out as local_weights gives them) into the module; names left
+  /// out keep their values. No collective.
+  virtual void load_local_weights(torch::nn::Module& module, const std::map<std::string, torch::Tensor>& values);
   /// Whether module_state_dict and optimizer_state_dict give this rank's pieces, which only
   /// save_checkpoint can write (FSDP with state_dict_type sharded or dcp); false: whole tensors.
   virtual bool saves_pieces() const { return false; }

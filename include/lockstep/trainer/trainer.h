@@ -137,6 +137,12 @@ class Trainer : public TrainerView {
   void save_checkpoint(const std::string& path) override;
   bool save_checkpoint_alone(const std::string& path) override;
   int64_t fast_dev_run() override { return options_.fast_dev_run(); }
+  std::vector<std::pair<std::string, torch::Tensor>> local_weights() override;
+  void load_local_weights(const std::map<std::string, torch::Tensor>& values) override;
+  c10::Dict<std::string, torch::Tensor> checkpoint_weights(const std::map<std::string, torch::Tensor>& values) override;
+  std::map<std::string, torch::Tensor> local_weights_of(const c10::impl::GenericDict& state) override;
+  int64_t max_epochs() const override { return options_.max_epochs(); }
+  void forward_training_batches() override;
   void remove_checkpoint(const std::string& path) override;
   std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor) override;
   c10::IValue broadcast(const c10::IValue& value, int root = 0) override;
@@ -253,6 +259,7 @@ class Trainer : public TrainerView {
   int64_t scheduler_step_steps_ = 0;
   std::set<size_t> missing_monitor_warned_;  // schedulers whose missing metric rank 0 reported
   std::shared_ptr<Profiler> profiler_;
+  DataLoader* fit_train_ = nullptr;  // fit's training loader, during fit
 };
 
 }  // namespace lockstep

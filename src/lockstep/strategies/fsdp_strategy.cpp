@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <functional>
 #include <set>
 #include <unordered_map>
 
@@ -52,6 +53,25 @@ class FSDPModule : public WrappedModule {
  private:
   std::shared_ptr<distributed::FullyShardedDataParallelBase> fsdp_;
 };
+
+// A checkpoint's callback states without the weights laid out like the module's ("state_dict" in
+// a state, as weight averaging keeps its average), which `add` takes as pieces under
+// "callbacks/<name>/state_dict/<parameter or buffer>".
+c10::impl::GenericDict weights_as_pieces(const c10::impl::GenericDict& callbacks,
+                                         const std::function<void(const std::string&, const torch::Tensor&)>& add) {
+  auto common = callbacks.copy();
+  for (const auto& entry : callbacks) {
+    if (!entry.value().isGenericDict() || !entry.value().toGenericDict().contains("state_dict")) continue;
+    auto state = entry.value().toGenericDict().copy();
+    for (const auto& tensor : state.at("state_dict").toGenericDict()) {
+      add("callbacks/" + entry.key().toStringRef() + "/state_dict/" + tensor.key().toStringRef(),
+          tensor.value().toTensor());
+    }
+    state.erase("state_dict");
+    common.insert_or_assign(entry.key(), state);
+  }
+  return common;
+}
 
 // Optimizer state that has one value per element of its parameter (not "step").
 bool is_per_element(const std::string& key) { return key != "step"; }
@@ -167,6 +187,26 @@ c10::Dict<std::string, torch::Tensor> FSDPStrategy::module_state_dict(const torc
     return state;
   }
   return Strategy::module_state_dict(module);
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> FSDPStrategy::local_weights(const torch::nn::Module& module) {
+  auto* fsdp = wrapper_of(module);
+  if (fsdp == nullptr) return Strategy::local_weights(module);
+  auto weights = Strategy::local_weights(module);
+  const auto params = module.named_parameters();
+  for (auto& [name, tensor] : weights) {
+    if (const auto* p = params.find(name)) tensor = fsdp->local_piece(*p);
+  }
+  return weights;
+}
+
+void FSDPStrategy::load_local_weights(torch::nn::Module& module, const std::map<std::string, torch::Tensor>& values) {
+  auto* fsdp = wrapper_of(module);
+  if (fsdp == nullptr) {
+    Strategy::load_local_weights(module, values);
+    return;
+  }
+  fsdp->load_local_pieces(values, /*strict=*/false);
 }
 
 distributed::FullyShardedDataParallelBase* FSDPStrategy::wrapper_of(const torch::nn::Module& module) const {
@@ -317,8 +357,10 @@ distributed::FullyShardedDataParallelBase::PieceInfo FSDPStrategy::locate(
     const std::string& key, const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers,
     const std::string& path) const {
   const std::string prefix = "state_dict/";
-  if (key.rfind(prefix, 0) == 0) {
-    const auto name = key.substr(prefix.size());
+  // A callback's weights (weights_as_pieces) lie as the module's.
+  const auto in_callback = key.rfind("callbacks/", 0) == 0 ? key.find("/" + prefix) : std::string::npos;
+  if (key.rfind(prefix, 0) == 0 || in_callback != std::string::npos) {
+    const auto name = key.substr(in_callback == std::string::npos ? prefix.size() : in_callback + 1 + prefix.size());
     for (const auto& fsdp : all_) {
       const auto params = fsdp->base_module()->named_parameters();
       const auto buffers = fsdp->base_module()->named_buffers();
@@ -403,6 +445,8 @@ void FSDPStrategy::save_checkpoint(const checkpoint::Checkpoint& state, const st
         common.push_back(optimizer);
       }
       shard.common.insert(item.key(), common);
+    } else if (name == "callbacks") {
+      shard.common.insert(item.key(), weights_as_pieces(item.value().toGenericDict(), add));
     } else {
       shard.common.insert(item.key(), item.value());
     }
@@ -418,6 +462,13 @@ void FSDPStrategy::write_pieces(const checkpoint::ShardedCheckpoint& shard, cons
   LOCKSTEP_CHECK(!dcp || optimizers.size() <= 1, UsageError, "--fsdp-state-dict-type dcp saves one optimizer "
                  "(DCP's get_state_dict merges several into one \"optim\"), and this run has ", optimizers.size(),
                  ". Use --fsdp-state-dict-type sharded, which keeps each.");
+  for (const auto& item : shard.pieces) {
+    const auto& key = item.first;
+    LOCKSTEP_CHECK(!dcp || key.rfind("callbacks/", 0) != 0, UsageError, "--fsdp-state-dict-type dcp has no place for ",
+                   "the weights the callback ", key.substr(10, key.find("/state_dict/") - 10), " keeps (an average ",
+                   "of the model's, laid out as its parameters): DCP's get_state_dict holds the model and one ",
+                   "optimizer. Use --fsdp-state-dict-type sharded (each rank's pieces) or full.");
+  }
   const auto names = dcp && !optimizers.empty() ? parameter_names(*optimizers.front()) : std::vector<std::string>{};
   const auto tmp = checkpoint::begin_sharded_save(path, rank);
   barrier("sharded checkpoint: begin");

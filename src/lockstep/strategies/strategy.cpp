@@ -6,6 +6,7 @@
 #include <lockstep/checkpoint/optimizer_state.h>
 #include <lockstep/checkpoint/sharded_checkpoint.h>
 #include <lockstep/checkpoint/state_dict.h>
+#include <lockstep/core/error.h>
 #include <lockstep/core/training_module.h>
 #include <lockstep/data/data_loader.h>
 #include <lockstep/data/sampler.h>
@@ -49,6 +50,28 @@ c10::Dict<std::string, torch::Tensor> Strategy::module_state_dict(const torch::n
 
 void Strategy::load_module_state_dict(torch::nn::Module& module, const c10::impl::GenericDict& state, bool strict) {
   checkpoint::load_state_dict(module, state, strict);
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> Strategy::local_weights(const torch::nn::Module& module) {
+  std::vector<std::pair<std::string, torch::Tensor>> weights;
+  for (const auto& item : module.named_parameters()) weights.emplace_back(item.key(), item.value().detach());
+  for (const auto& item : module.named_buffers()) {
+    if (item.value().defined()) weights.emplace_back(item.key(), item.value().detach());
+  }
+  return weights;
+}
+
+void Strategy::load_local_weights(torch::nn::Module& module, const std::map<std::string, torch::Tensor>& values) {
+  torch::NoGradGuard no_grad;
+  const auto copy = [&](const std::string& name, const torch::Tensor& tensor) {
+    const auto found = values.find(name);
+    if (found == values.end() || !tensor.defined()) return;
+    LOCKSTEP_CHECK(found->second.numel() == tensor.numel(), UsageError, "load_local_weights: '", name, "' has ",
+                   found->second.numel(), " elements in the values and ", tensor.numel(), " in the module.");
+    tensor.copy_(found->second.view_as(tensor));
+  };
+  for (const auto& item : module.named_parameters()) copy(item.key(), item.value());
+  for (const auto& item : module.named_buffers()) copy(item.key(), item.value());
 }
 
 c10::impl::GenericDict Strategy::optimizer_state_dict(const torch::optim::Optimizer& optimizer) {

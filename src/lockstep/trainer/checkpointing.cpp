@@ -181,6 +181,52 @@ c10::impl::GenericDict Trainer::checkpoint_state() const {
   return ckpt;
 }
 
+std::vector<std::pair<std::string, torch::Tensor>> Trainer::local_weights() {
+  LOCKSTEP_CHECK(module_ != nullptr, UsageError, "Trainer::local_weights: no module is set up yet; call it from a "
+                 "callback hook during fit, validate, test or predict.");
+  return plan_.strategy->local_weights(*module_);
+}
+
+void Trainer::load_local_weights(const std::map<std::string, torch::Tensor>& values) {
+  LOCKSTEP_CHECK(module_ != nullptr, UsageError, "Trainer::load_local_weights: no module is set up yet; call it "
+                 "from a callback hook during fit, validate, test or predict.");
+  plan_.strategy->load_local_weights(*module_, values);
+}
+
+namespace {
+
+std::map<std::string, torch::Tensor> cloned(const std::vector<std::pair<std::string, torch::Tensor>>& weights) {
+  std::map<std::string, torch::Tensor> copy;
+  for (const auto& [name, tensor] : weights) copy.emplace(name, tensor.clone());
+  return copy;
+}
+
+}  // namespace
+
+// Both ways go through the module: `values` stand in for its weights while the strategy's own
+// hooks (those of the checkpoint's state_dict) lay them out, then its weights come back.
+c10::Dict<std::string, torch::Tensor> Trainer::checkpoint_weights(const std::map<std::string, torch::Tensor>& values) {
+  const auto kept = cloned(local_weights());
+  load_local_weights(values);
+  c10::Dict<std::string, torch::Tensor> state;
+  for (const auto& item : plan_.strategy->module_state_dict(*module_)) {
+    if (values.count(item.key())) state.insert(item.key(), item.value().clone());
+  }
+  load_local_weights(kept);
+  return state;
+}
+
+std::map<std::string, torch::Tensor> Trainer::local_weights_of(const c10::impl::GenericDict& state) {
+  const auto kept = cloned(local_weights());
+  plan_.strategy->load_module_state_dict(*module_, state, /*strict=*/false);
+  std::map<std::string, torch::Tensor> values;
+  for (auto& [name, tensor] : cloned(local_weights())) {
+    if (state.contains(name)) values.emplace(name, std::move(tensor));
+  }
+  load_local_weights(kept);
+  return values;
+}
+
 void Trainer::save_checkpoint(const std::string& path) {
   auto timed = profile("save_checkpoint");
   if (checkpoint::is_safetensors_path(path)) {  // the weights alone (Lightning's weights_only)

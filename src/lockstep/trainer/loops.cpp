@@ -222,6 +222,24 @@ void Trainer::end_training_epoch(DataLoader* val) {
   should_stop_ = plan_.strategy->reduce_boolean_decision(should_stop_, distributed::Decision::any);
 }
 
+void Trainer::forward_training_batches() {
+  LOCKSTEP_CHECK(fit_train_ != nullptr, UsageError, "Trainer::forward_training_batches runs over fit's training ",
+                 "data: call it from a callback hook during fit (on_fit_end included).");
+  torch::NoGradGuard no_grad;  // a sharded strategy then gathers as for evaluation
+  module_->train();
+  const auto device = plan_.strategy->root_device();
+  for (int64_t i = 0; i < num_training_batches_; ++i) {
+    Batch batch = fit_train_->batch(i);
+    module_->transfer_batch_to_device(batch, device);
+    plan_.precision.convert_batch(batch);
+    metrics_.set_batch_size(batch.size());
+    run_step([&] {
+      plan_.strategy->before_evaluation_step();
+      return module_->training_step(batch, i);
+    });
+  }
+}
+
 void Trainer::run_validation(DataLoader& val) {
   num_val_batches_ = options_.limit_val_batches().of(val.num_batches());
   run_evaluation(val, Phase::validation, num_val_batches_);

@@ -390,10 +390,12 @@ void Trainer::run_fit(const std::shared_ptr<TrainingModule>& module, const std::
   distributed::AgreedStop agreed_stop(plan_.strategy->group(), {SIGINT, SIGTERM, SIGUSR1});
   agreed_stop_ = &agreed_stop;
   stop_request_.reset();
+  fit_train_ = train.get();
   struct Forget {
     distributed::AgreedStop*& stop;
-    ~Forget() { stop = nullptr; }
-  } forget{agreed_stop_};
+    DataLoader*& train;
+    ~Forget() { stop = nullptr, train = nullptr; }
+  } forget{agreed_stop_, fit_train_};
   std::optional<torch::autograd::DetectAnomalyGuard> anomaly_mode;
   if (options_.detect_anomaly()) anomaly_mode.emplace();
   const bool resuming = !options_.ckpt_path().empty() && restore(options_.ckpt_path());
