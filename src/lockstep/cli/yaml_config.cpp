@@ -14,6 +14,7 @@ namespace detail {
 namespace {
 
 const std::string kTrainer = "trainer", kModel = "model";
+constexpr size_t kMaxConfigBytes = size_t{1} << 20;
 
 // "--max-epochs" -> "max_epochs", as LightningCLI spells Trainer arguments.
 std::string key_of(const CLI::Option* option) {
@@ -128,9 +129,14 @@ std::vector<CLI::ConfigItem> YamlConfig::read_section(const std::string& section
 
 std::vector<CLI::ConfigItem> YamlConfig::from_config(std::istream& input) const {
   ++reads_;
+  // Bounded: a path such as /dev/zero would otherwise be read for ever.
+  std::string text(kMaxConfigBytes + 1, '\0');
+  input.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(input.gcount()));
+  if (text.size() > kMaxConfigBytes) refuse("it is over 1 MiB", "Give a config file of flags (a few KiB).");
   YAML::Node root;
   try {
-    root = YAML::Load(input);
+    root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     refuse("not YAML (line " + std::to_string(e.mark.line + 1) + ": " + e.msg + ")", "Fix the file.");
   }
