@@ -71,10 +71,7 @@ class Classifier : public TrainingModule {
     } else {
       throw UsageError("--model '" + flags.model + "' is unknown: use mlp (784-512-256-10) or cnn.");
     }
-    hparams() = {{"model", flags.model},
-                 {"batch_size", std::to_string(flags.batch_size)},
-                 {"lr", std::to_string(flags.lr)},
-                 {"optimizer", flags.optimizer}};
+    hparams() = {{"model", flags.model}, {"batch_size", flags.batch_size}, {"lr", flags.lr}, {"optimizer", flags.optimizer}};
   }
 
   torch::Tensor training_step(Batch& batch, int64_t) override {

@@ -101,8 +101,7 @@ class Gan : public TrainingModule {
     // The same noise for every grid, so the pictures show the generator changing.
     fixed_noise_ = torch::randn({flags.grid * flags.grid, flags.latent},
                                 torch::make_generator<at::CPUGeneratorImpl>(1234));
-    hparams() = {{"batch_size", std::to_string(flags.batch_size)}, {"lr", std::to_string(flags.lr)},
-                 {"latent", std::to_string(flags.latent)}, {"width", std::to_string(flags.width)}};
+    hparams() = {{"batch_size", flags.batch_size}, {"lr", flags.lr}, {"latent", flags.latent}, {"width", flags.width}};
   }
 
   // Each rank draws its own noise: with one seed everywhere, every rank would generate the same

@@ -23,6 +23,7 @@
 #include <lockstep/callbacks/weight_averaging_options.h>
 #include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/checkpoint/dcp_checkpoint.h>
+#include <lockstep/checkpoint/hyper_parameters.h>
 #include <lockstep/checkpoint/key_map.h>
 #include <lockstep/checkpoint/lightning_checkpoint.h>
 #include <lockstep/checkpoint/optimizer_state.h>
@@ -40,6 +41,7 @@
 #include <lockstep/core/model_summary.h>
 #include <lockstep/core/number_text.h>
 #include <lockstep/core/optimizer_config.h>
+#include <lockstep/core/program_config.h>
 #include <lockstep/core/reduce_lr_on_plateau.h>
 #include <lockstep/core/retry.h>
 #include <lockstep/core/seed.h>

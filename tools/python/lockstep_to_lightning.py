@@ -7,8 +7,9 @@ Lockstep's checkpoint is a dict that torch.load reads (weights_only=True too), w
 "optimizer_states" already in Python's layout (torch.optim's state_dict: per-parameter state by
 parameter order, param groups). Lightning's resume also reads what this adds: the LightningModule's
 names (--rename, FROM=TO prefix rules as Lockstep's --init-weights-rename), each LR scheduler's state
-(its step count), the loops' progress at the start of the next epoch, and the Lightning version.
-Lockstep's own callbacks' state, RNG state and hyper_parameters are left out (docs/user-guide.md,
+(its step count), the loops' progress at the start of the next epoch, and the Lightning version;
+hyper_parameters (the module's hparams()) carry over as they are.
+Lockstep's own callbacks' state and RNG state are left out (docs/user-guide.md,
 "Lightning checkpoints", has the table). Exit code 2 with a message for a checkpoint it cannot convert.
 """
 import argparse
@@ -92,6 +93,9 @@ def convert(ckpt, rules, intervals):
         "lr_schedulers": schedulers,
         "loops": {"fit_loop": fit_loop(loops["next_epoch"], ckpt["global_step"])},
         "callbacks": {},
+        # Typed as hparams() set them; Lightning's load_from_checkpoint passes the ones its
+        # __init__ takes, and fit(ckpt_path=...) keeps the module's own, as Lockstep's resume does.
+        "hyper_parameters": ckpt.get("hyper_parameters", {}),
     }
 
 

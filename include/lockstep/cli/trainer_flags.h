@@ -12,6 +12,10 @@
 ///     (PlanOptions::trainer_variables), so the variables are read once.
 /// A variable with a bad value stops the program as the flag would (exit code 2); one that names
 /// no flag is a warning.
+/// add_trainer_flags, add_fabric_flags and add_plan_flags also add --config FILE.yaml (the flags
+/// from a file: `trainer:` for these, `model:` for the program's own; the command line wins over
+/// the file, the file over the variables) and --print-config (the resolved flags as YAML, exit 0),
+/// which parse_or_exit_code handles; it also hands that YAML to the Trainer (program_config.h).
 
 #include <CLI/CLI.hpp>
 

@@ -2,12 +2,12 @@
 /// TrainingModule: the LightningModule of Lockstep. A torch::nn::Module that also says how it
 /// trains: its steps, its optimizers, what it logs.
 
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
@@ -80,14 +80,18 @@ class TrainingModule : public torch::nn::Module {
   /// The device steps run on.
   torch::Device device() const;
 
-  /// Hyperparameters saved with checkpoints and loggers (Lightning's save_hyperparameters).
-  std::map<std::string, std::string>& hparams() { return hparams_; }
+  /// Hyperparameters saved with checkpoints (`hyper_parameters`) and given to the loggers
+  /// (hparams.yaml, TensorBoard's hparams) when fit starts, as Lightning's save_hyperparameters:
+  /// a JSON object whose values keep their types (numbers, bools, strings, nested objects and
+  /// lists). `hparams()["lr"] = 0.05;` or `hparams() = {{"lr", 0.05}, {"layers", {512, 256}}};`
+  nlohmann::json& hparams() { return hparams_; }
+  const nlohmann::json& hparams() const { return hparams_; }
 
  private:
   friend class TrainerView;  // attaches and detaches itself
   TrainerView* trainer_ = nullptr;
   bool automatic_optimization_ = true;
-  std::map<std::string, std::string> hparams_;
+  nlohmann::json hparams_ = nlohmann::json::object();
 };
 
 }  // namespace lockstep

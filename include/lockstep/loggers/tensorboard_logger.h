@@ -31,7 +31,9 @@ class TensorBoardLogger : public Logger {
   ~TensorBoardLogger() override;
 
   void log_metrics(const std::map<std::string, double>& metrics, int64_t step) override;
-  /// Merges `params` into the hyperparameters logged so far and rewrites hparams.yaml.
+  /// Merges `params` into the hyperparameters logged so far, rewrites hparams.yaml and, unless
+  /// they are empty, writes them for TensorBoard's HParams tab: a "_hparams_/session_start_info"
+  /// summary, numbers, bools and strings typed, nested names joined with "/", lists as JSON text.
   void log_hyperparams(const nlohmann::json& params) override;
   void save() override;
   /// Flushes and closes the event file.

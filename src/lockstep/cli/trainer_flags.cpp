@@ -2,17 +2,23 @@
 
 #include <algorithm>
 #include <cctype>
+#include <functional>
 #include <iostream>
 #include <string>
+#include <type_traits>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include <torch/version.h>
 
 #include <lockstep/core/error.h>
+#include <lockstep/core/program_config.h>
 #include <lockstep/core/seed.h>
 #include <lockstep/distributed/process_group.h>
 
 #include "fsdp_flags.h"
+#include "yaml_config.h"
 
 extern char** environ;
 
@@ -28,11 +34,27 @@ std::string detail::variable_for(const std::string& flag) {
 
 namespace {
 
+using detail::nearest;
 using detail::variable_for;
+
+// The value as --help and --print-config show it: CLI11 streams a bool as 1 and a double to six
+// digits, which --config would not read back as the same number.
+template <typename T>
+std::function<std::string()> shown(const T& value) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return [&value] { return std::string(value ? "true" : "false"); };
+  } else if constexpr (std::is_floating_point_v<T>) {
+    return [&value] { return nlohmann::json(value).dump(); };  // the shortest text that reads back the same
+  } else {
+    return {};
+  }
+}
 
 template <typename T>
 CLI::Option* add(CLI::App& app, const std::string& flag, T& value, const std::string& help) {
-  return app.add_option(flag, value, help)->envname(variable_for(flag))->capture_default_str();
+  auto* option = app.add_option(flag, value, help)->envname(variable_for(flag));
+  if (auto text = shown(value)) option->default_function(text);
+  return option->capture_default_str();
 }
 
 using RetiredFlag = std::pair<const char*, const char*>;  // flag, what replaced it
@@ -146,20 +168,6 @@ size_t distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
-// The closest of `known` to `given`, if it is close enough to be a typo; else "".
-std::string nearest(const std::string& given, const std::vector<std::string>& known) {
-  std::string best;
-  size_t best_distance = std::max<size_t>(2, given.size() / 3) + 1;
-  for (const auto& name : known) {
-    const size_t d = distance(given, name);
-    if (d < best_distance) {
-      best = name;
-      best_distance = d;
-    }
-  }
-  return best;
-}
-
 // Every option of `app` and its option groups: its long names ("--max-epochs") and variables.
 void collect_names(const CLI::App& app, std::vector<std::string>* flags, std::vector<std::string>* variables) {
   for (const CLI::Option* option : app.get_options()) {
@@ -246,9 +254,26 @@ void add_plan_flags_of(CLI::App& app, PlanOptions& o) {
 
 }  // namespace
 
+// The closest of `known` to `given`, if it is close enough to be a typo; else "".
+std::string detail::nearest(const std::string& given, const std::vector<std::string>& known) {
+  std::string best;
+  size_t best_distance = std::max<size_t>(2, given.size() / 3) + 1;
+  for (const auto& name : known) {
+    const size_t d = distance(given, name);
+    if (d < best_distance) {
+      best = name;
+      best_distance = d;
+    }
+  }
+  return best;
+}
+
 void add_plan_flags(CLI::App& app, PlanOptions& o) {
+  const size_t before = app.get_options().size();
   add_plan_flags_of(app, o);
   detail::add_fsdp_flags(app, o, /*trainer_checkpoints=*/false);
+  const auto options = app.get_options();
+  detail::enable_config(app, {options.begin() + static_cast<std::ptrdiff_t>(before), options.end()});
 }
 
 void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
@@ -309,6 +334,7 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
   add_retired(app, retired_plan_flags);
   add_retired(app, retired_trainer_flags);
   add_retired(app, lightning_only_flags);
+  detail::enable_config(app, detail::options_of(g));
 }
 
 void add_fabric_flags(CLI::App& app, FabricOptions& o, int64_t& seed) {
@@ -316,6 +342,7 @@ void add_fabric_flags(CLI::App& app, FabricOptions& o, int64_t& seed) {
   add_plan_flags(g, o);
   add_seed_flag(g, seed);
   add_retired(app, retired_plan_flags);
+  detail::enable_config(app, detail::options_of(g));
 }
 
 namespace {
@@ -361,7 +388,14 @@ int parse_or_exit_code(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);
     warn_about_unknown_variables(program, variables);
-    return -1;
+    bool print = false;
+    set_program_config(detail::resolved_config(app, print));
+    if (!print) return -1;
+    std::cout << program_config() << std::flush;
+    return 0;
+  } catch (const UsageError& e) {  // a --config file's (yaml_config.cpp)
+    std::cerr << program << ": error: " << e.what() << "\n";
+    return 2;
   } catch (const CLI::CallForVersion& e) {
     std::cout << e.what() << "\n";
     return 0;
@@ -376,6 +410,10 @@ int parse_or_exit_code(CLI::App& app, int argc, char** argv) {
     }
     std::cerr << program << ": error: " << e.what() << "\n"
               << program << ": run '" << program << " --help' for the flags and their values.\n";
+    return 2;
+  } catch (const CLI::FileError& e) {  // a --config file that cannot be read
+    std::cerr << program << ": error: --config: " << e.what() << ". Give the path of a YAML file, e.g. a run's "
+              << "lockstep_logs/version_N/config.yaml.\n";
     return 2;
   } catch (const CLI::CallForHelp&) {
     std::cout << app.help();

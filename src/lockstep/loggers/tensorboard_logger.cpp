@@ -61,6 +61,59 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// TensorBoard's HParams tab (tensorboard/plugins/hparams/plugin_data.proto and api.proto): one
+// summary "_hparams_/session_start_info" holding each hparam as a google.protobuf.Value, from
+// which TensorBoard infers the experiment. Nested names are joined with "/" and lists written as
+// their JSON text, as Lightning's TensorBoardLogger flattens and sanitizes them.
+constexpr uint32_t kValueMetadata = 9, kMetadataPluginData = 1, kPluginName = 1, kPluginContent = 2;
+constexpr uint32_t kHparamsSessionStartInfo = 3, kSessionHparams = 1, kMapKey = 1, kMapValue = 2;
+constexpr uint32_t kNumberValue = 2, kStringValue = 3, kBoolValue = 4;
+
+void flatten(const nlohmann::json& params, const std::string& prefix, nlohmann::json& flat) {
+  for (const auto& [key, value] : params.items()) {
+    const std::string name = prefix.empty() ? key : prefix + "/" + key;
+    if (value.is_object() && !value.empty()) {
+      flatten(value, name, flat);
+    } else {
+      flat[name] = value;
+    }
+  }
+}
+
+std::string protobuf_value(const nlohmann::json& value) {
+  std::string out;
+  if (value.is_boolean()) {
+    key(out, kBoolValue, kVarint);
+    varint(out, value.get<bool>() ? 1 : 0);
+  } else if (value.is_number()) {
+    double_field(out, kNumberValue, value.get<double>());
+  } else {
+    bytes_field(out, kStringValue, value.is_string() ? value.get<std::string>() : value.dump());
+  }
+  return out;
+}
+
+std::string session_start_summary(const nlohmann::json& params) {
+  nlohmann::json flat = nlohmann::json::object();
+  flatten(params, "", flat);
+  std::string session;
+  for (const auto& [name, value] : flat.items()) {
+    std::string entry;
+    bytes_field(entry, kMapKey, name);
+    bytes_field(entry, kMapValue, protobuf_value(value));
+    bytes_field(session, kSessionHparams, entry);
+  }
+  std::string content, plugin, metadata, summary_value, summary;
+  bytes_field(content, kHparamsSessionStartInfo, session);  // version 0: the field is left out
+  bytes_field(plugin, kPluginName, "hparams");
+  bytes_field(plugin, kPluginContent, content);
+  bytes_field(metadata, kMetadataPluginData, plugin);
+  bytes_field(summary_value, kValueTag, "_hparams_/session_start_info");
+  bytes_field(summary_value, kValueMetadata, metadata);
+  bytes_field(summary, kSummaryValue, summary_value);
+  return summary;
+}
+
 std::string hostname() {
   char name[256] = {};
   if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
@@ -129,6 +182,12 @@ void TensorBoardLogger::log_metrics(const std::map<std::string, double>& metrics
 
 void TensorBoardLogger::log_hyperparams(const nlohmann::json& params) {
   detail::write_hparams(log_dir(), params, hparams_);
+  if (hparams_.empty()) return;
+  if (file_ == nullptr) open();
+  std::string event;
+  double_field(event, kEventWallTime, now_seconds());
+  bytes_field(event, kEventSummary, session_start_summary(hparams_));
+  write_record(event);
 }
 
 void TensorBoardLogger::save() {

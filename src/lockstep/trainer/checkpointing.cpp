@@ -12,6 +12,7 @@
 
 #include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/checkpoint/dcp_checkpoint.h>
+#include <lockstep/checkpoint/hyper_parameters.h>
 #include <lockstep/checkpoint/key_map.h>
 #include <lockstep/checkpoint/lightning_checkpoint.h>
 #include <lockstep/checkpoint/optimizer_state.h>
@@ -133,6 +134,24 @@ std::string init_weights_mismatch(const std::string& path, const checkpoint::Sta
                    "weights of this module (no flag skips a shape mismatch).";
 }
 
+// A resumed run keeps the module's own hparams, as Lightning's fit(ckpt_path=...) does; those
+// that differ from the checkpoint's are named once, so that a changed --lr is no surprise.
+void note_changed_hparams(const nlohmann::json& saved, const nlohmann::json& own, const std::string& path) {
+  const auto text = [](const nlohmann::json& object, const std::string& key) {
+    return object.contains(key) ? object.at(key).dump() : std::string("unset");
+  };
+  std::string changed;
+  auto keys = saved;
+  keys.update(own);
+  for (const auto& [key, ignored] : keys.items()) {
+    if (saved.contains(key) && own.contains(key) && saved.at(key) == own.at(key)) continue;
+    changed += (changed.empty() ? "" : ", ") + key + " " + text(saved, key) + " -> " + text(own, key);
+  }
+  if (changed.empty()) return;
+  std::cerr << "lockstep: the module's hparams differ from those saved in " << path << ": " << changed
+            << "; the run goes on with the module's (they are logged and saved).\n";
+}
+
 }  // namespace
 
 void Trainer::check_weights_match(const torch::nn::Module& module) const {
@@ -172,9 +191,7 @@ c10::impl::GenericDict Trainer::checkpoint_state() const {
   ckpt.insert("callbacks", callbacks);
   ckpt.insert("rng_state", rng_state());
   if (scaler_) ckpt.insert("native_amp_scaling_state", scaler_->state_dict());  // Lightning's key
-  c10::impl::GenericDict hparams(c10::StringType::get(), c10::AnyType::get());
-  for (const auto& [k, v] : module_->hparams()) hparams.insert(k, v);
-  ckpt.insert("hyper_parameters", hparams);
+  ckpt.insert("hyper_parameters", checkpoint::hyper_parameters_value(module_->hparams()));
   ckpt.insert("lockstep_version", std::string("0.1.0"));
   // Where it came from: a run resumed from it links back, so its curves can be drawn as one.
   ckpt.insert("log_dir", std::filesystem::absolute(log_dir_).string());
@@ -404,6 +421,9 @@ bool Trainer::restore(const std::string& ckpt_path) {
   });
   read_entry(path, "global_step", "an integer", [&] { global_step_ = ckpt.at("global_step").toInt(); });
   record_resume(path, ckpt.contains("log_dir") && ckpt.at("log_dir").isString() ? ckpt.at("log_dir").toStringRef() : "");
+  if (ckpt.contains("hyper_parameters") && plan_.strategy->is_global_zero()) {
+    note_changed_hparams(checkpoint::hparams_of(ckpt), module_->hparams(), path);
+  }
   if (ckpt.contains("callbacks")) {
     read_entry(path, "callbacks", "a dict of callback names to their states", [&] {
       const auto states = ckpt.at("callbacks").toGenericDict();

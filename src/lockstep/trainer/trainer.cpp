@@ -5,7 +5,9 @@
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
+#include <cerrno>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <limits>
@@ -23,6 +25,7 @@
 #include <lockstep/core/number_text.h>
 #include <lockstep/core/blas.h>
 #include <lockstep/core/model_summary.h>
+#include <lockstep/core/program_config.h>
 #include <lockstep/core/seed.h>
 #include <lockstep/core/error.h>
 #include <lockstep/data/sampler.h>
@@ -65,6 +68,17 @@ int64_t resolve_val_check_batch(const BatchLimit& interval, int64_t batches) {
 template <typename T>
 bool has_callback(const std::vector<std::shared_ptr<Callback>>& callbacks) {
   return std::any_of(callbacks.begin(), callbacks.end(), [](const auto& c) { return dynamic_cast<T*>(c.get()) != nullptr; });
+}
+
+// As LightningCLI's SaveConfigCallback: the resolved flags, which `--config <log_dir>/config.yaml`
+// reads back to repeat the run.
+void save_program_config(const std::string& log_dir) {
+  const std::string yaml = program_config();
+  if (yaml.empty()) return;
+  const std::string path = (std::filesystem::path(log_dir) / "config.yaml").string();
+  std::ofstream out(path, std::ios::trunc);
+  out << yaml;
+  if (!out.flush()) throw IoError("writing", path, errno);
 }
 
 }  // namespace
@@ -400,8 +414,8 @@ void Trainer::run_fit(const std::shared_ptr<TrainingModule>& module, const std::
   if (options_.detect_anomaly()) anomaly_mode.emplace();
   const bool resuming = !options_.ckpt_path().empty() && restore(options_.ckpt_path());
   if (plan_.strategy->is_global_zero()) {
-    nlohmann::json hparams(module_->hparams());
-    for (auto& logger : loggers_) logger->log_hyperparams(hparams);
+    for (auto& logger : loggers_) logger->log_hyperparams(module_->hparams());
+    if (!loggers_.empty()) save_program_config(log_dir_);
   }
   module_->on_fit_start();
   each_callback("on_fit_start", [&](Callback& c) { c.on_fit_start(*this, *module_); });

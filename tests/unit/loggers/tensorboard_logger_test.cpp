@@ -304,3 +304,55 @@ TEST(TensorBoardLoggerTest, VersionsAndHparamsMatchTheCsvLogger) {
 }  // namespace
 }  // namespace loggers
 }  // namespace lockstep
+
+namespace lockstep {
+namespace loggers {
+namespace tensorboard_hparams_test {
+
+// One field of `message` by number (the first), or an empty field.
+Field field_of(const std::string& message, uint32_t number) {
+  for (const auto& field : decode(message)) {
+    if (field.number == number) return field;
+  }
+  ADD_FAILURE() << "no field " << number;
+  return {};
+}
+
+}  // namespace tensorboard_hparams_test
+
+namespace {
+
+using tensorboard_hparams_test::field_of;
+
+// The HParams tab's session_start_info: each hparam typed (number_value 2, string_value 3,
+// bool_value 4 of google.protobuf.Value), nested names joined with "/".
+TEST(TensorBoardLoggerTest, HparamsReachTheHparamsTabTyped) {
+  TempDir root{"lockstep_tb"};
+  TensorBoardLogger logger(LoggerOptions(root.path()));
+  logger.log_hyperparams({{"lr", 0.1}, {"optim", {{"name", "adam"}, {"amsgrad", true}}}, {"layers", {4, 2}}});
+  const auto records = read_records(logger.event_file());
+  ASSERT_EQ(records.size(), 2u) << "the file version, then the hparams";
+  const Field summary_value = field_of(field_of(records[1], 5).bytes, 1);
+  EXPECT_EQ(field_of(summary_value.bytes, 1).bytes, "_hparams_/session_start_info");
+  const Field plugin = field_of(field_of(summary_value.bytes, 9).bytes, 1);
+  EXPECT_EQ(field_of(plugin.bytes, 1).bytes, "hparams");
+  const Field session = field_of(field_of(plugin.bytes, 2).bytes, 3);
+  std::map<std::string, Field> hparams;
+  for (const auto& entry : decode(session.bytes)) {
+    hparams[field_of(entry.bytes, 1).bytes] = decode(field_of(entry.bytes, 2).bytes).at(0);
+  }
+  ASSERT_EQ(hparams.size(), 4u);
+  double lr = 0;
+  std::memcpy(&lr, &hparams.at("lr").integer, 8);
+  EXPECT_EQ(hparams.at("lr").number, 2u);
+  EXPECT_EQ(lr, 0.1);
+  EXPECT_EQ(hparams.at("optim/name").number, 3u);
+  EXPECT_EQ(hparams.at("optim/name").bytes, "adam");
+  EXPECT_EQ(hparams.at("optim/amsgrad").number, 4u);
+  EXPECT_EQ(hparams.at("optim/amsgrad").integer, 1u);
+  EXPECT_EQ(hparams.at("layers").bytes, "[4,2]");
+}
+
+}  // namespace
+}  // namespace loggers
+}  // namespace lockstep
