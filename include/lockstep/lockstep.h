@@ -17,6 +17,8 @@
 #include <lockstep/callbacks/profiler.h>
 #include <lockstep/callbacks/progress_bar.h>
 #include <lockstep/callbacks/progress_bar_options.h>
+#include <lockstep/callbacks/pytorch_profiler.h>
+#include <lockstep/callbacks/pytorch_profiler_options.h>
 #include <lockstep/callbacks/simple_profiler.h>
 #include <lockstep/callbacks/stochastic_weight_averaging.h>
 #include <lockstep/callbacks/weight_averaging.h>

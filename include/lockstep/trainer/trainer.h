@@ -60,8 +60,9 @@ class Trainer : public TrainerView {
   /// Before fit; its creates_processes_externally() must be true.
   void set_cluster_environment(std::shared_ptr<environments::ClusterEnvironment> environment);
   void add_callback(std::shared_ptr<Callback> callback) { callbacks_.push_back(std::move(callback)); }
-  /// Times hooks and loop phases with `profiler` (options.profiler() uses a SimpleProfiler); its
-  /// summary goes to stderr on rank 0 at the end of fit.
+  /// Times hooks and loop phases with `profiler` (options.profiler() "simple" makes a
+  /// SimpleProfiler, "pytorch" a PyTorchProfiler); its summary goes to stderr on rank 0 at the end
+  /// of fit.
   void set_profiler(std::shared_ptr<Profiler> profiler) { profiler_ = std::move(profiler); }
   /// The profiler in use, or null when profiling is off.
   Profiler* profiler() const { return profiler_.get(); }

@@ -106,8 +106,11 @@ struct TrainerOptions : PlanOptionsOf<TrainerOptions> {
   /// cuDNN times and picks convolution algorithms on CUDA; no effect on the CPU (a note says
   /// so). Default: false.
   TORCH_ARG(bool, benchmark) = false;
-  /// Print the time spent per hook and loop phase at the end of fit. Default: false.
-  TORCH_ARG(bool, profiler) = false;
+  /// Profile fit, as Lightning's profiler argument: "simple" (or "true") prints the time per hook
+  /// and loop phase on rank 0 when fit ends (SimpleProfiler); "pytorch" traces training batches
+  /// 3 to 5 with LibTorch's profiler into a Chrome trace per rank under <log_dir>/profiler and
+  /// prints its table (PyTorchProfiler); "" (or "false"): off. Default: "" (off).
+  TORCH_ARG(std::string, profiler) = "";
 };
 
 /// Gives every field still at its default the value of its LOCKSTEP_TRAINER_<FIELD> variable in

@@ -142,14 +142,18 @@ std::string refuse_deterministic_warn(const std::string& value) {
          "that has no deterministic kernel and names it, or false";
 }
 
-// Lightning's profiler="simple" is Lockstep's --profiler true; its other profilers are Python's.
+// Lightning's profiler="simple" and "pytorch"; true is simple, false none. Its other profilers
+// are Python's.
 std::string read_profiler(std::string& value) {
-  if (value == "simple") value = "true";
-  if (value == "advanced" || value == "pytorch" || value == "xla") {
-    return value + " is Lightning's Python profiler: use --profiler simple (or true), the time per hook and loop "
-                   "phase, or a Profiler of your own in code (trainer.set_profiler(...))";
+  if (value == "true") value = "simple";
+  if (value == "false") value = "";
+  if (value.empty() || value == "simple" || value == "pytorch") return "";
+  if (value == "advanced" || value == "xla") {
+    return value + " is Lightning's Python profiler: use --profiler simple (the time per hook and loop phase), "
+                   "--profiler pytorch (a trace per rank from LibTorch's profiler), or a Profiler of your own in "
+                   "code (trainer.set_profiler(...))";
   }
-  return "";
+  return value + " is not a profiler: use simple (or true), pytorch, or false";
 }
 
 // Edit distance between two words (insertions, deletions, substitutions).
@@ -329,8 +333,8 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
   add(g, "--use-distributed-sampler", o.use_distributed_sampler(), "true|false");
   add(g, "--detect-anomaly", o.detect_anomaly(), "true|false: autograd anomaly mode (names the op that made a NaN)");
   add(g, "--benchmark", o.benchmark(), "true|false: cudnn.benchmark (CUDA; no effect on the CPU)");
-  add(g, "--profiler", o.profiler(), "simple|true|false: print time per hook at the end")
-      ->transform(CLI::Validator(read_profiler, "simple|true|false"));
+  add(g, "--profiler", o.profiler(), "simple|pytorch|false: the time per hook when fit ends, or a trace per rank")
+      ->transform(CLI::Validator(read_profiler, "simple|pytorch|false"));
   add_retired(app, retired_plan_flags);
   add_retired(app, retired_trainer_flags);
   add_retired(app, lightning_only_flags);

@@ -20,6 +20,7 @@
 #include <lockstep/accelerators/device_parser.h>
 #include <lockstep/callbacks/model_checkpoint.h>
 #include <lockstep/callbacks/progress_bar.h>
+#include <lockstep/callbacks/pytorch_profiler.h>
 #include <lockstep/callbacks/simple_profiler.h>
 #include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/core/number_text.h>
@@ -38,6 +39,14 @@
 namespace lockstep {
 namespace {
 
+// The profiler of TrainerOptions::profiler: simple (or true), pytorch, or none ("" or false).
+std::shared_ptr<Profiler> named_profiler(const std::string& name) {
+  if (name.empty() || name == "false") return nullptr;
+  if (name == "simple" || name == "true") return std::make_shared<SimpleProfiler>();
+  if (name == "pytorch") return std::make_shared<PyTorchProfiler>();
+  throw UsageError("TrainerOptions::profiler is \"" + name +
+                   "\": use \"simple\" (or \"true\"), \"pytorch\", or \"\" (off).");
+}
 
 std::shared_ptr<DataLoader> stage_loader(std::shared_ptr<DataLoader> loader, const std::string& hook) {
   if (!loader) {
@@ -212,6 +221,7 @@ void Trainer::add_default_callbacks() {
 void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
   if (!module) throw UsageError("Trainer: the module is null; pass a std::shared_ptr to your TrainingModule.");
   if (!set_up_) {
+    if (!profiler_) profiler_ = named_profiler(options_.profiler());  // first: a bad name launches nothing
     check_resume_source();
     check_init_weights_source();
     check_weights_match(*module);
@@ -228,7 +238,6 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
                                 accelerators::probe_cuda_device, user_environment_));
     at::globalContext().setBenchmarkCuDNN(options_.benchmark());
     note_benchmark();
-    if (options_.profiler() && !profiler_) profiler_ = std::make_shared<SimpleProfiler>();
     if (options_.fast_dev_run() > 0) suppress_for_fast_dev_run();
     if (!loggers_set_by_user_ && options_.fast_dev_run() == 0 && plan_.strategy->is_global_zero()) {
       loggers_.push_back(std::make_shared<loggers::CSVLogger>(loggers::LoggerOptions(options_.default_root_dir())));
@@ -412,6 +421,7 @@ void Trainer::run_fit(const std::shared_ptr<TrainingModule>& module, const std::
   } forget{agreed_stop_, fit_train_};
   std::optional<torch::autograd::DetectAnomalyGuard> anomaly_mode;
   if (options_.detect_anomaly()) anomaly_mode.emplace();
+  ProfiledStage profiled(profiler_.get(), "fit", plan_.strategy->global_rank(), log_dir_);
   const bool resuming = !options_.ckpt_path().empty() && restore(options_.ckpt_path());
   if (plan_.strategy->is_global_zero()) {
     for (auto& logger : loggers_) logger->log_hyperparams(module_->hparams());
@@ -442,6 +452,7 @@ void Trainer::run_fit(const std::shared_ptr<TrainingModule>& module, const std::
   module_->on_fit_end();
   each_callback("on_fit_end", [&](Callback& c) { c.on_fit_end(*this, *module_); });
   for (auto& logger : loggers_) logger->finalize("success");
+  profiled.end();  // before the barrier: every rank's trace is written when rank 0 names them
   plan_.strategy->barrier("fit_end");
   if (profiler_ && plan_.strategy->is_global_zero()) std::cerr << profiler_->summary() << std::flush;
   print_fit_end(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());

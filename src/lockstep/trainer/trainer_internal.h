@@ -1,7 +1,10 @@
 #pragma once
 // What trainer.cpp, loops.cpp and checkpointing.cpp share: the Trainer's own helpers, not installed.
 
+#include <iostream>
 #include <optional>
+#include <string>
+#include <utility>
 
 #include <torch/torch.h>
 
@@ -37,6 +40,32 @@ class EvaluationGuard {
  private:
   std::optional<c10::InferenceMode> inference_;
   std::optional<torch::NoGradGuard> no_grad_;
+};
+
+/// Tells a profiler (when there is one) that `stage` begins, and that it ended when end() is
+/// called or this goes, by an exception too: a trace of the batches before a failure is kept.
+class ProfiledStage {
+ public:
+  ProfiledStage(Profiler* profiler, std::string stage, int global_rank, const std::string& log_dir)
+      : profiler_(profiler), stage_(std::move(stage)) {
+    if (profiler_ != nullptr) profiler_->setup(stage_, global_rank, log_dir);
+  }
+  ProfiledStage(const ProfiledStage&) = delete;
+  ProfiledStage& operator=(const ProfiledStage&) = delete;
+  ~ProfiledStage() {
+    try {
+      end();
+    } catch (const std::exception& e) {  // the error that ended the stage matters more
+      std::cerr << "lockstep: warning: the profiler did not end " << stage_ << ": " << e.what() << "\n";
+    }
+  }
+  void end() {
+    if (auto* profiler = std::exchange(profiler_, nullptr)) profiler->teardown(stage_);
+  }
+
+ private:
+  Profiler* profiler_;
+  std::string stage_;
 };
 
 /// --overfit-batches is on (a count or fraction above 0).

@@ -41,7 +41,7 @@ void apply_trainer_variables(TrainerOptions& o, const environments::Environ& env
   v.set("use_distributed_sampler", o.use_distributed_sampler(), d.use_distributed_sampler());
   v.set("detect_anomaly", o.detect_anomaly(), d.detect_anomaly());
   v.set("benchmark", o.benchmark(), d.benchmark());
-  v.set("profiler", o.profiler(), d.profiler());
+  v.set("profiler", o.profiler(), d.profiler(), {"simple", "pytorch", "true", "false"});
   apply_trainer_variables(static_cast<PlanOptions&>(o), environ);  // the plan's fields, and the mark
 }
 

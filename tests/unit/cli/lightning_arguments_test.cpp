@@ -188,12 +188,25 @@ TEST(LightningArguments, LightningsValuesOfWorkingFlagsAreReadOrRefusedByValue) 
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   ASSERT_EQ(cli::parse_or_exit_code(app, static_cast<int>(argv.size()), argv.data()), -1);
-  EXPECT_TRUE(options.profiler());
+  EXPECT_EQ(options.profiler(), "simple");
   EXPECT_EQ(options.num_sanity_val_steps(), -1);
+  // Lightning's profiler=True is its simple profiler.
+  for (const auto& [typed, read] : std::vector<std::pair<std::string, std::string>>{
+           {"true", "simple"}, {"pytorch", "pytorch"}, {"false", ""}}) {
+    TrainerOptions profiled;
+    CLI::App profiler_app{"profiler values", "prog"};
+    cli::add_trainer_flags(profiler_app, profiled);
+    std::vector<std::string> words{"prog", "--profiler", typed};
+    std::vector<char*> profiler_argv;
+    for (auto& w : words) profiler_argv.push_back(w.data());
+    ASSERT_EQ(cli::parse_or_exit_code(profiler_app, 3, profiler_argv.data()), -1) << typed;
+    EXPECT_EQ(profiled.profiler(), read) << typed;
+  }
   const std::vector<std::pair<std::string, std::string>> refused = {
       {"--deterministic warn", "use --deterministic true"},
-      {"--profiler advanced", "use --profiler simple (or true)"},
-      {"--profiler pytorch", "trainer.set_profiler(...)"},
+      {"--profiler advanced", "use --profiler simple (the time per hook and loop phase), --profiler pytorch"},
+      {"--profiler xla", "is Lightning's Python profiler"},
+      {"--profiler detailed", "detailed is not a profiler: use simple (or true), pytorch, or false"},
       {"--val-check-interval 00:00:05:00", "a time (DD:HH:MM:SS) is not available; pass a fraction"},
   };
   for (const auto& [typed, fix] : refused) {

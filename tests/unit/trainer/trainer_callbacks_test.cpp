@@ -148,7 +148,7 @@ TEST_F(TrainerCallbacksTest, ProgressBarShowsEveryStepsValue) {
 }
 
 TEST_F(TrainerCallbacksTest, ProfilerTimesEachPhaseAndHook) {
-  Trainer trainer(options().enable_checkpointing(false).profiler(true).enable_progress_bar(false));
+  Trainer trainer(options().enable_checkpointing(false).profiler("simple").enable_progress_bar(false));
   trainer.add_callback(std::make_shared<ProgressBar>(ProgressBarOptions().live(false)));
   ::testing::internal::CaptureStderr();
   fit(trainer);

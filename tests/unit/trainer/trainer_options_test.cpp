@@ -21,12 +21,14 @@ TEST(TrainerVariables, TrainerFieldsTakeTheirVariablesUnlessSetInCode) {
                                                           {"LOCKSTEP_TRAINER_LIMIT_TRAIN_BATCHES", "0.5"},
                                                           {"LOCKSTEP_TRAINER_DETERMINISTIC", "true"},
                                                           {"LOCKSTEP_TRAINER_GRADIENT_CLIP_ALGORITHM", "value"},
+                                                          {"LOCKSTEP_TRAINER_PROFILER", "pytorch"},
                                                           {"LOCKSTEP_TRAINER_DEVICES", "2"}}));
   EXPECT_EQ(options.max_epochs(), 3) << "set in code: the code wins";
   EXPECT_EQ(options.log_every_n_steps(), 7);
   EXPECT_EQ(options.limit_train_batches(), BatchLimit(0.5));
   EXPECT_TRUE(options.deterministic());
   EXPECT_EQ(options.gradient_clip_algorithm(), "value");
+  EXPECT_EQ(options.profiler(), "pytorch");
   EXPECT_EQ(options.devices(), "2") << "the plan's fields too";
   EXPECT_FALSE(options.trainer_variables());
 }
@@ -50,6 +52,8 @@ TEST(TrainerVariables, ABadTrainerValueIsAUsageErrorNamingTheVariable) {
        "LOCKSTEP_TRAINER_GRADIENT_CLIP_ALGORITHM=norm2 is not known. Set it to norm or value, or unset it."},
       {"LOCKSTEP_TRAINER_ENABLE_PROGRESS_BAR=sometimes", "LOCKSTEP_TRAINER_ENABLE_PROGRESS_BAR=sometimes is not true or false"},
       {"LOCKSTEP_TRAINER_SEED=-2", "LOCKSTEP_TRAINER_SEED=-2 is outside -1.."},
+      {"LOCKSTEP_TRAINER_PROFILER=advanced",
+       "LOCKSTEP_TRAINER_PROFILER=advanced is not known. Set it to simple or pytorch or true or false, or unset it."},
   };
   for (const auto& [variable, expected] : cases) {
     const auto eq = variable.find('=');
