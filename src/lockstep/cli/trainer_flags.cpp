@@ -242,6 +242,16 @@ void add_plan_flags_of(CLI::App& app, PlanOptions& o) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
 }
 
+// The Tuner's searches, run by fit before it trains.
+void add_tuner_flags(CLI::App& app, TrainerOptions& o) {
+  add(app, "--lr-find", o.lr_find(), "true|false: run the LR finder before training and train with its suggestion")
+      ->expected(0, 1)
+      ->default_str("true");  // the flag alone
+  add(app, "--scale-batch-size", o.scale_batch_size(),
+      "power|binsearch: find the largest training batch size that fits in memory before training")
+      ->check(CLI::IsMember({"", "power", "binsearch"}));
+}
+
 }  // namespace
 
 void add_plan_flags(CLI::App& app, PlanOptions& o) {
@@ -304,12 +314,7 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
   add(g, "--benchmark", o.benchmark(), "true|false: cudnn.benchmark (CUDA; no effect on the CPU)");
   add(g, "--profiler", o.profiler(), "simple|true|false: print time per hook at the end")
       ->transform(CLI::Validator(read_profiler, "simple|true|false"));
-  add(g, "--lr-find", o.lr_find(), "true|false: run the LR finder before training and train with its suggestion")
-      ->expected(0, 1)
-      ->default_str("true");  // the flag alone
-  add(g, "--scale-batch-size", o.scale_batch_size(),
-      "power|binsearch: find the largest training batch size that fits in memory before training")
-      ->check(CLI::IsMember({"", "power", "binsearch"}));
+  add_tuner_flags(g, o);
   add_retired(app, retired_plan_flags);
   add_retired(app, retired_trainer_flags);
   add_retired(app, lightning_only_flags);

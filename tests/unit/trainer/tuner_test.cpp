@@ -81,8 +81,8 @@ double one_epoch_loss(double lr) {
 //   lr     1e-4  1.8e-4 3.2e-4 5.6e-4 1e-3  1.8e-3 3.2e-3 5.6e-3 1e-2  1.8e-2 3.2e-2 5.6e-2 0.1   0.18  0.32  0.56  1
 //   loss   1.388 1.376  1.354  1.306  1.190 0.941  0.656  0.514  0.540 0.563  0.546  0.647  0.668 0.846 1.227 1.398 2.310
 // Best 0.514 at 5.6e-3; within 15% of it (<= 0.591): 5.6e-3 to 3.2e-2. Suggested: 0.0363 (step 81),
-// whose own epoch ends at 0.570. Lightning 2.6's slope against lr itself would suggest 1.2e-4 (step 50,
-// noise among the tiny rates), whose epoch ends at 1.38.
+// whose own epoch ends at 0.552. Lightning 2.6's slope against lr itself would suggest 1.2e-4 (step 50,
+// noise among the tiny rates), where an epoch ends near 1.38.
 TEST(TunerLRFinder, SuggestionLiesWhereOneEpochEndsLowest) {
   std::vector<double> grid, losses;
   for (int i = 0; i <= 16; ++i) grid.push_back(1e-4 * std::pow(10.0, i / 4.0));  // four a decade
