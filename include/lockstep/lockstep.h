@@ -128,3 +128,5 @@
 #include <lockstep/trainer/trainer.h>
 #include <lockstep/trainer/trainer_options.h>
 #include <lockstep/trainer/training_stopped.h>
+#include <lockstep/trainer/tuner.h>
+#include <lockstep/trainer/tuner_options.h>

@@ -3,7 +3,7 @@
 //   trainer_program [trainer flags] --out DIR [--batch-size B] [--adam] [--save PATH] [--val] [--csv-logger]
 //                   [--fail-on-rank R] [--pause-ms MS [--pause-on-rank R]] [--nan-at-step S --nan-on-rank R]
 //                   [--crash-at-step S --crash-on-rank R] [--checkpoint-every-n-steps K]
-//                   [--manual plain|twice|manual_backward] [--features F]
+//                   [--manual plain|twice|manual_backward] [--features F] [--lr LR]
 // With --val it also validates (32 examples) and writes each rank's validation count. With
 // --csv-logger every rank adds its own CSVLogger under --default-root-dir, as a user might. With
 // --fail-on-rank R, rank R throws after its first training batch (an error in a training step).
@@ -15,6 +15,9 @@
 // --manual: manual optimisation, each step's backward as loss.backward() (plain), as two
 // loss.backward() calls of half the loss each (twice), or as manual_backward(loss). --features F
 // (default 8): the inputs' width, so that a checkpoint of one width is a wider model's for another.
+// --lr LR: the optimizer's learning rate instead of the model's own. Every rank writes
+// DIR/tuned.<rank>: the learning rate and the training batch size fit ended with (--lr-find and
+// --scale-batch-size set them), the rate with 17 digits.
 #include <unistd.h>
 
 #include <chrono>
@@ -123,6 +126,16 @@ struct Manual : lockstep::testing::Regressor {
   std::string how;
 };
 
+// The regression model with another learning rate.
+struct WithLr : lockstep::testing::Regressor {
+  WithLr(bool adam, int64_t features, double lr) : Regressor(adam, features), lr(lr) {}
+  lockstep::OptimizerConfig configure_optimizers() override {
+    if (adam) return std::make_shared<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(lr));
+    return std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(lr).momentum(0.9));
+  }
+  double lr;
+};
+
 // The program; main() below runs it, or serves forks of it (TrainerBadInput's runs).
 int run(int argc, char** argv) {
   return lockstep::cli::guarded_main("trainer_program", [&] {
@@ -134,6 +147,7 @@ int run(int argc, char** argv) {
     bool adam = false, validate = false, csv_logger = false;
     int fail_on_rank = -1, pause_ms = 0, pause_on_rank = -1, nan_on_rank = 0, crash_on_rank = 1;
     int64_t nan_at_step = 0, crash_at_step = 0, checkpoint_every = 0, features = 8;
+    double lr = 0;
     app.add_option("--out", out)->required();
     app.add_option("--batch-size", batch_size);
     app.add_option("--save", save);
@@ -149,6 +163,7 @@ int run(int argc, char** argv) {
     app.add_option("--crash-on-rank", crash_on_rank);
     app.add_option("--checkpoint-every-n-steps", checkpoint_every);
     app.add_option("--features", features);
+    app.add_option("--lr", lr);
     app.add_option("--manual", manual)->check(CLI::IsMember({"plain", "twice", "manual_backward"}));
     const int parsed = lockstep::cli::parse_or_exit_code(app, argc, argv);
     if (parsed >= 0) return parsed;
@@ -159,6 +174,8 @@ int run(int argc, char** argv) {
       model = std::make_shared<NanOnce>(adam, nan_at_step, nan_on_rank);
     } else if (!manual.empty()) {
       model = std::make_shared<Manual>(adam, manual);
+    } else if (lr > 0) {
+      model = std::make_shared<WithLr>(adam, features, lr);
     } else {
       model = std::make_shared<lockstep::testing::Regressor>(adam, features);
     }
@@ -182,11 +199,16 @@ int run(int argc, char** argv) {
       val = std::make_shared<lockstep::DataLoader>(lockstep::testing::regression_data(32, 8, 9),
                                                    lockstep::DataLoaderOptions(batch_size));
     }
-    trainer.fit(model, std::make_shared<lockstep::DataLoader>(data, lockstep::DataLoaderOptions(batch_size).shuffle(true).seed(4)), val);
+    auto train = std::make_shared<lockstep::DataLoader>(data, lockstep::DataLoaderOptions(batch_size).shuffle(true).seed(4));
+    trainer.fit(model, train, val);
     if (!save.empty()) trainer.save_checkpoint(save);
     const std::string rank = std::to_string(trainer.global_rank());
     torch::save(model->parameters(), out + "/params." + rank + ".pt");
     std::ofstream(out + "/done." + rank) << trainer.global_step() << "\n";
+    char tuned[64];
+    std::snprintf(tuned, sizeof(tuned), "%.17g %lld\n", trainer.optimizers().front()->param_groups().front().options().get_lr(),
+                  static_cast<long long>(train->options().batch_size()));
+    std::ofstream(out + "/tuned." + rank) << tuned;
     if (validate) std::ofstream(out + "/validations." + rank) << validations->count << "\n";
     return 0;
   });

@@ -11,6 +11,7 @@
 
 #include <lockstep/environments/cluster_environment.h>
 #include <lockstep/launchers/worker_environment.h>
+#include <lockstep/trainer/tuner.h>
 
 #include "../support/command.h"
 #include "../support/paths.h"
@@ -102,6 +103,31 @@ TEST(LockstepPlot, ARunOfOneEpochDrawsItsPointWithoutWarnings) {
     EXPECT_GE(pixels_near(dir.file(png), kPoints[0], kPoints[1], kPoints[2], kPlotArea), 40) << png << ": no visible marker";
     EXPECT_EQ(pixels_near(dir.file(png), kSmoothed[0], kSmoothed[1], kSmoothed[2], kPlotArea), 0) << png;
   }
+}
+
+// The LR finder's CSV (--lr-find writes RUN_DIR/lr_find.csv) is drawn as loss against a
+// logarithmic learning rate, the suggestion a red dot; a CSV of something else is refused.
+TEST(LockstepPlot, AnLRFindersCSVIsDrawnWithItsSuggestion) {
+  testing::TempDir dir;
+  LRFinder finder;
+  for (int i = 0; i < 60; ++i) {
+    finder.lrs.push_back(1e-6 * std::pow(10.0, i / 10.0));
+    finder.losses.push_back(2.0 - 1.5 / (1 + std::exp(-(i - 35) / 3.0)) + (i > 50 ? (i - 50) * 0.3 : 0.0));
+  }
+  finder.write_csv(dir.file("lr_find.csv"));
+  auto result = run_command({lockstep_bin, "plot", dir.path()}, plain_environment());
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("lr_find.png"), std::string::npos) << result.out;
+  EXPECT_GE(pixels_near(dir.file("lr_find.png"), kPoints[0], kPoints[1], kPoints[2], kPlotArea), 200) << "the curve";
+  EXPECT_GE(pixels_near(dir.file("lr_find.png"), 0xff, 0x00, 0x00, kPlotArea), 40) << "the suggestion's dot";
+  std::filesystem::remove(dir.file("lr_find.png"));
+  result = run_command({lockstep_bin, "plot", dir.file("lr_find.csv")}, plain_environment());
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_TRUE(std::filesystem::exists(dir.file("lr_find.png")));
+  std::ofstream(dir.file("other.csv")) << "a,b\n1,2\n";
+  result = run_command({lockstep_bin, "plot", dir.file("other.csv")}, plain_environment());
+  EXPECT_EQ(result.exit_code, 2) << result.err;
+  EXPECT_NE(result.err.find("is not an LR finder's CSV"), std::string::npos) << result.err;
 }
 
 // The per-step training loss is jagged: a smoothed line is drawn through it.

@@ -1,5 +1,7 @@
 // `lockstep plot RUN_DIR`: renders RUN_DIR/metrics.csv into PNG curves with gnuplot, together with
-// the runs it resumed from (RUN_DIR/resumed_from, written by the Trainer on resume).
+// the runs it resumed from (RUN_DIR/resumed_from, written by the Trainer on resume), and the LR
+// finder's RUN_DIR/lr_find.csv (--lr-find) into lr_find.png; `lockstep plot FILE.csv` draws an LR
+// finder's CSV alone.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -144,53 +146,112 @@ std::string plot_script(const std::map<std::string, Series>& metrics, const std:
   return s.str();
 }
 
+
+// Runs gnuplot on `script`, which writes `png`; gnuplot's own messages (warnings included) would
+// be ours to explain: kept, and shown only when it fails.
+void run_gnuplot(const std::string& script, const fs::path& png) {
+  const fs::path log = png.string() + ".gnuplot.log";
+  FILE* gnuplot = ::popen(("gnuplot > '" + log.string() + "' 2>&1").c_str(), "w");
+  if (gnuplot == nullptr) throw UsageError("plot needs gnuplot: apt-get install gnuplot-nox");
+  std::fputs(script.c_str(), gnuplot);
+  const int status = ::pclose(gnuplot);
+  std::ifstream said(log);
+  const std::string messages((std::istreambuf_iterator<char>(said)), std::istreambuf_iterator<char>());
+  fs::remove(log);
+  if (status != 0 || !fs::exists(png)) {
+    throw UsageError("gnuplot failed to write " + png.string() + " (is gnuplot-nox installed? apt-get "
+                     "install gnuplot-nox): " + messages);
+  }
+  if (!messages.empty()) std::cerr << "lockstep plot: gnuplot said: " << messages;
+  std::cout << "lockstep plot: wrote " << png.string() << "\n";
+}
+
+// The LR finder's CSV (step,lr,loss,suggested) as loss against a logarithmic lr, the suggestion
+// marked, as Lightning's lr_finder.plot(suggest=True).
+std::string lr_find_script(const fs::path& csv, const fs::path& png) {
+  std::ifstream in(csv);
+  std::string line;
+  std::getline(in, line);
+  if (line.rfind("step,lr,loss,suggested", 0) != 0) {
+    throw UsageError(csv.string() + " is not an LR finder's CSV (its header is not step,lr,loss,suggested); give "
+                     "the lr_find.csv that --lr-find or LRFinder::write_csv wrote, or a run directory.");
+  }
+  std::ostringstream curve, best;
+  std::string suggested;
+  while (std::getline(in, line)) {
+    const auto cells = split_csv(line);
+    if (cells.size() < 4 || cells[2] == "nan" || cells[2] == "inf") continue;
+    curve << cells[1] << " " << cells[2] << "\n";
+    if (cells[3] == "1") {
+      best << cells[1] << " " << cells[2] << "\n";
+      suggested = cells[1];
+    }
+  }
+  std::ostringstream s;
+  s << "set terminal pngcairo size 900,540 noenhanced\nset output '" << png.string() << "'\n"
+    << "set logscale x\nset format x '%.0e'\nset grid\nset key outside right\nset xlabel 'learning rate'\n"
+    << "set ylabel 'loss (smoothed)'\nset title 'LR finder: " << csv.filename().string() << "'\n"
+    << "$curve << EOD\n" << curve.str() << "EOD\n";
+  if (!suggested.empty()) s << "$best << EOD\n" << best.str() << "EOD\n";
+  s << "plot $curve using 1:2 with lines lw 2 title 'loss'";
+  if (!suggested.empty()) s << ", $best using 1:2 with points pt 7 ps 2 lc rgb 'red' title 'suggested " << suggested << "'";
+  s << "\n";
+  return s.str();
+}
+
+void plot_lr_find(const fs::path& csv) {
+  const fs::path png = csv.parent_path() / (csv.stem().string() + ".png");
+  run_gnuplot(lr_find_script(csv, png), png);
+}
+
+// RUN_DIR's curves (with the runs it resumed from); how many PNGs were written.
+int plot_run(const fs::path& dir) {
+  const auto chain = run_chain(dir);
+  const auto metrics = joined_metrics(chain);
+  std::string title = dir.filename().string();
+  if (chain.size() > 1) {
+    title += " (resumed from";
+    for (size_t i = 0; i + 1 < chain.size(); ++i) title += " " + chain[i].filename().string();
+    title += ")";
+  }
+  int written = 0;
+  for (const std::string word : {"loss", "acc"}) {
+    const auto png = dir / (word + ".png");
+    const std::string script = plot_script(metrics, word, png, title);
+    if (script.empty()) continue;
+    run_gnuplot(script, png);
+    ++written;
+  }
+  if (written == 0) throw UsageError((dir / "metrics.csv").string() + " has no loss or acc column.");
+  if (chain.size() > 1) {
+    std::cout << "lockstep plot: drew " << chain.size() << " runs as one:";
+    for (const auto& run : chain) std::cout << " " << run.string();
+    std::cout << "\n";
+  }
+  return written;
+}
+
 }  // namespace
 
 Command add_plot_command(CLI::App& app) {
   auto run_dir = std::make_shared<std::string>();
   auto* sub = app.add_subcommand("plot", "Render RUN_DIR/metrics.csv (a CSVLogger run, with the runs it resumed "
-                                         "from) into loss and accuracy PNGs");
-  sub->add_option("run_dir", *run_dir, "e.g. lockstep_logs/version_0")->required();
+                                         "from) into loss and accuracy PNGs, and an LR finder's lr_find.csv into "
+                                         "lr_find.png (log-x)");
+  sub->add_option("run_dir", *run_dir, "e.g. lockstep_logs/version_0, or an lr_find.csv")->required();
   return {sub, [run_dir] {
-            const fs::path dir(*run_dir);
-            read_metrics(dir);  // the run itself must be readable
-            const auto chain = run_chain(dir);
-            const auto metrics = joined_metrics(chain);
-            std::string title = dir.filename().string();
-            if (chain.size() > 1) {
-              title += " (resumed from";
-              for (size_t i = 0; i + 1 < chain.size(); ++i) title += " " + chain[i].filename().string();
-              title += ")";
+            const fs::path path(*run_dir);
+            // An LR finder's CSV alone, or a run directory with metrics.csv, lr_find.csv or both.
+            if (fs::is_regular_file(path)) {
+              plot_lr_find(path);
+              return 0;
             }
-            int written = 0;
-            for (const std::string word : {"loss", "acc"}) {
-              const auto png = dir / (word + ".png");
-              const std::string script = plot_script(metrics, word, png, title);
-              if (script.empty()) continue;
-              // gnuplot's own messages (warnings included) would be ours to explain: keep them and
-              // show them only when it fails.
-              const fs::path log = dir / (word + ".gnuplot.log");
-              FILE* gnuplot = ::popen(("gnuplot > '" + log.string() + "' 2>&1").c_str(), "w");
-              if (gnuplot == nullptr) throw UsageError("plot needs gnuplot: apt-get install gnuplot-nox");
-              std::fputs(script.c_str(), gnuplot);
-              const int status = ::pclose(gnuplot);
-              std::ifstream said(log);
-              const std::string messages((std::istreambuf_iterator<char>(said)), std::istreambuf_iterator<char>());
-              fs::remove(log);
-              if (status != 0 || !fs::exists(png)) {
-                throw UsageError("gnuplot failed to write " + png.string() + " (is gnuplot-nox installed? apt-get "
-                                 "install gnuplot-nox): " + messages);
-              }
-              if (!messages.empty()) std::cerr << "lockstep plot: gnuplot said: " << messages;
-              std::cout << "lockstep plot: wrote " << png.string() << "\n";
-              ++written;
+            const bool lr_find = fs::exists(path / "lr_find.csv");
+            if (!lr_find || fs::exists(path / "metrics.csv")) {
+              read_metrics(path);  // the run itself must be readable
+              plot_run(path);
             }
-            if (written == 0) throw UsageError((dir / "metrics.csv").string() + " has no loss or acc column.");
-            if (chain.size() > 1) {
-              std::cout << "lockstep plot: drew " << chain.size() << " runs as one:";
-              for (const auto& run : chain) std::cout << " " << run.string();
-              std::cout << "\n";
-            }
+            if (lr_find) plot_lr_find(path / "lr_find.csv");
             return 0;
           }};
 }

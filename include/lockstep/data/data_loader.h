@@ -49,6 +49,9 @@ class DataLoader {
   /// The sampler set, or null.
   const std::shared_ptr<distributed::DistributedSampler>& sampler() const { return sampler_; }
   void set_epoch(int64_t epoch);
+  /// Examples per batch from the next batch on (the batch-size finder sets the size it found):
+  /// num_batches() follows it. At least 1, else a UsageError.
+  void set_batch_size(int64_t batch_size);
   int64_t num_batches() const;
   /// Batch `i` of the current epoch (0 <= i < num_batches(), else a UsageError); sequential access
   /// is prefetched.

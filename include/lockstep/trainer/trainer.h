@@ -3,6 +3,7 @@
 /// as Lightning's Trainer does.
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -30,6 +31,7 @@ namespace loggers {
 class Logger;
 }
 using loggers::Logger;
+class Tuner;
 
 /// Loaders for each stage; the Trainer puts a DistributedSampler on them under DDP (unless a
 /// loader has a sampler already or use_distributed_sampler is false).
@@ -150,6 +152,9 @@ class Trainer : public TrainerView {
   bool any_rank(bool decision) override;
 
  private:
+  friend class Tuner;  // its searches run the training loop and undo it (tuner.cpp)
+  /// What a search changes, put back exactly: weights, optimizer states, counters, generator.
+  class TuningScope;
   void run_fit(const std::shared_ptr<TrainingModule>& module, const std::shared_ptr<DataLoader>& train,
                const std::shared_ptr<DataLoader>& val);
   void setup(const std::shared_ptr<TrainingModule>& module);
@@ -184,7 +189,18 @@ class Trainer : public TrainerView {
   /// The epoch's sampler order, its length and its start hooks.
   void start_training_epoch(DataLoader& train);
   /// Batch `i`: its step, its backward and, when `step_now`, the optimizer step; then its hooks.
-  void run_training_batch(DataLoader& train, int64_t i, bool step_now, bool automatic);
+  /// Returns the step's loss (undefined when the step returned none).
+  torch::Tensor run_training_batch(DataLoader& train, int64_t i, bool step_now, bool automatic);
+  /// The tuners' training: `steps` optimizer steps over `train` from its first batch, into the
+  /// next epochs when it has fewer, calling `before(k)` ahead of step k's batches and
+  /// `after(k, loss)` after it with the loss averaged over the ranks (NaN when the step returned
+  /// none); `after` returning true stops. Returns the steps run.
+  int64_t run_tuning_steps(DataLoader& train, int64_t steps, const std::function<void(int64_t)>& before,
+                           const std::function<bool(int64_t, double)>& after);
+  /// --scale-batch-size and --lr-find, before fit trains (tuner.cpp).
+  void tune_for_fit(const std::shared_ptr<DataLoader>& train);
+  /// Before launch: the tuning flags' values, and not with --ckpt-path.
+  void check_tuning_options() const;
   /// The epoch's end: its metrics, a validation on `val` unless null, the epoch schedulers, the hooks.
   void end_training_epoch(DataLoader* val);
   void run_validation(DataLoader& val);

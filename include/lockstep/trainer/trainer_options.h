@@ -111,6 +111,14 @@ struct TrainerOptions : PlanOptionsOf<TrainerOptions> {
   /// 3 to 5 with LibTorch's profiler into a Chrome trace per rank under <log_dir>/profiler and
   /// prints its table (PyTorchProfiler); "" (or "false"): off. Default: "" (off).
   TORCH_ARG(std::string, profiler) = "";
+  /// Before fit trains, run the LR finder (Tuner::lr_find with Lightning's defaults: 100 steps
+  /// from 1e-8 to 1) and train with its suggestion; rank 0 writes <log_dir>/lr_find.csv for
+  /// `lockstep plot`. Refused with ckpt_path. Default: false.
+  TORCH_ARG(bool, lr_find) = false;
+  /// Before fit trains (and before lr_find), find the largest training batch size that fits in
+  /// memory: "power" or "binsearch" (Tuner::scale_batch_size with Lightning's defaults), and
+  /// train with it. Refused with ckpt_path. Default: "" (off).
+  TORCH_ARG(std::string, scale_batch_size) = "";
 };
 
 /// Gives every field still at its default the value of its LOCKSTEP_TRAINER_<FIELD> variable in

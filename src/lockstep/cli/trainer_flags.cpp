@@ -100,10 +100,10 @@ const std::vector<RetiredFlag> retired_trainer_flags = {
     {"--weights-summary", "Lightning 1.7 replaced it: use --enable-model-summary true|false"},
     {"--track-grad-norm", "Lightning 2.0 removed it: remove the flag and log the norm from a callback's "
                           "on_before_optimizer_step"},
-    {"--auto-lr-find", "Lightning 2.0 moved it to the Tuner, which Lockstep does not have: remove the flag and "
-                       "set the learning rate in configure_optimizers"},
-    {"--auto-scale-batch-size", "Lightning 2.0 moved it to the Tuner, which Lockstep does not have: remove the "
-                                "flag and set the batch size of your loaders"},
+    {"--auto-lr-find", "Lightning 2.0 moved it to the Tuner: use --lr-find (the LR finder before fit trains), "
+                       "or lockstep::Tuner(trainer).lr_find(model, train) in code"},
+    {"--auto-scale-batch-size", "Lightning 2.0 moved it to the Tuner: use --scale-batch-size power|binsearch, "
+                                "or lockstep::Tuner(trainer).scale_batch_size(model, train) in code"},
 };
 
 // Lightning 2.6 Trainer arguments that Lockstep has no flag for, with what to do instead (the
@@ -256,6 +256,16 @@ void add_plan_flags_of(CLI::App& app, PlanOptions& o) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
 }
 
+// The Tuner's searches, run by fit before it trains.
+void add_tuner_flags(CLI::App& app, TrainerOptions& o) {
+  add(app, "--lr-find", o.lr_find(), "true|false: run the LR finder before training and train with its suggestion")
+      ->expected(0, 1)
+      ->default_str("true");  // the flag alone
+  add(app, "--scale-batch-size", o.scale_batch_size(),
+      "power|binsearch: find the largest training batch size that fits in memory before training")
+      ->check(CLI::IsMember({"", "power", "binsearch"}));
+}
+
 }  // namespace
 
 // The closest of `known` to `given`, if it is close enough to be a typo; else "".
@@ -335,6 +345,7 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
   add(g, "--benchmark", o.benchmark(), "true|false: cudnn.benchmark (CUDA; no effect on the CPU)");
   add(g, "--profiler", o.profiler(), "simple|pytorch|false: the time per hook when fit ends, or a trace per rank")
       ->transform(CLI::Validator(read_profiler, "simple|pytorch|false"));
+  add_tuner_flags(g, o);
   add_retired(app, retired_plan_flags);
   add_retired(app, retired_trainer_flags);
   add_retired(app, lightning_only_flags);

@@ -43,6 +43,16 @@ void DataLoader::set_epoch(int64_t epoch) {
   order_ = epoch_indices();
 }
 
+void DataLoader::set_batch_size(int64_t batch_size) {
+  LOCKSTEP_CHECK(batch_size >= 1, UsageError, "DataLoader::set_batch_size(", batch_size, "): a batch holds at least 1 ",
+                 "example; pass 1 or more.");
+  // The batch being prepared was cut at the old size.
+  if (prefetch_->batch.valid()) prefetch_->batch.wait();
+  prefetch_->index = -1;
+  prefetch_->batch = {};
+  options_.batch_size(batch_size);
+}
+
 int64_t DataLoader::seed() const {
   if (options_.seed()) return *options_.seed();
   return static_cast<int64_t>(global_seed().value_or(0));

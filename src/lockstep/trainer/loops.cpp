@@ -175,7 +175,7 @@ void Trainer::start_training_epoch(DataLoader& train) {
   each_callback("on_train_epoch_start", [&](Callback& c) { c.on_train_epoch_start(*this, *module_); });
 }
 
-void Trainer::run_training_batch(DataLoader& train, int64_t i, bool step_now, bool automatic) {
+torch::Tensor Trainer::run_training_batch(DataLoader& train, int64_t i, bool step_now, bool automatic) {
   Batch batch = [&] {
     auto fetch = profile("train_dataloader_next");
     return train.batch(i);
@@ -207,6 +207,7 @@ void Trainer::run_training_batch(DataLoader& train, int64_t i, bool step_now, bo
   module_->on_train_batch_end(loss, batch, i);
   each_callback("on_train_batch_end", [&](Callback& c) { c.on_train_batch_end(*this, *module_, loss, i); });
   emit_step_metrics(false);
+  return loss;
 }
 
 void Trainer::end_training_epoch(DataLoader* val) {

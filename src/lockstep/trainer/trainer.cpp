@@ -225,6 +225,7 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
     check_resume_source();
     check_init_weights_source();
     check_weights_match(*module);
+    check_tuning_options();
     LOCKSTEP_CHECK(options_.accumulate_grad_batches() >= 1, UsageError, "--accumulate-grad-batches ",
                    options_.accumulate_grad_batches(), ": use 1 or more.");
     LOCKSTEP_CHECK(options_.check_val_every_n_epoch() >= 1, UsageError, "--check-val-every-n-epoch ",
@@ -405,6 +406,7 @@ void Trainer::run_fit(const std::shared_ptr<TrainingModule>& module, const std::
   setup(module);
   if (!model_summary_.empty()) std::cerr << std::exchange(model_summary_, std::string());
   attach_fit_samplers(*train, val.get());
+  tune_for_fit(train);  // --scale-batch-size, --lr-find: before the epoch's length is known
   // Checked before any hook runs, so that a bad interval stops the run before it writes anything.
   num_training_batches_ = options_.limit_train_batches().of(train->num_batches());
   val_check_batch_ = resolve_val_check_batch(options_.val_check_interval(), num_training_batches_);

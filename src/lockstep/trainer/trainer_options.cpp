@@ -42,6 +42,8 @@ void apply_trainer_variables(TrainerOptions& o, const environments::Environ& env
   v.set("detect_anomaly", o.detect_anomaly(), d.detect_anomaly());
   v.set("benchmark", o.benchmark(), d.benchmark());
   v.set("profiler", o.profiler(), d.profiler(), {"simple", "pytorch", "true", "false"});
+  v.set("lr_find", o.lr_find(), d.lr_find());
+  v.set("scale_batch_size", o.scale_batch_size(), d.scale_batch_size(), {"", "power", "binsearch"});
   apply_trainer_variables(static_cast<PlanOptions&>(o), environ);  // the plan's fields, and the mark
 }
 

@@ -62,8 +62,8 @@ const std::vector<Retired> retired = {
     {"--terminate-on-nan", "--detect-anomaly true names the operation"},
     {"--weights-summary", "Lightning 1.7 replaced it: use --enable-model-summary true|false"},
     {"--track-grad-norm", "on_before_optimizer_step"},
-    {"--auto-lr-find", "set the learning rate in configure_optimizers"},
-    {"--auto-scale-batch-size", "set the batch size of your loaders"},
+    {"--auto-lr-find", "use --lr-find"},
+    {"--auto-scale-batch-size", "use --scale-batch-size power|binsearch"},
 };
 
 // "--log-gpu-memory" -> "LOCKSTEP_TRAINER_LOG_GPU_MEMORY"

@@ -132,6 +132,19 @@ TEST(DataLoader, BatchIndicesAndTheSamplersPadding) {
   EXPECT_THROW(pairs.batch_indices(-1), UsageError);
 }
 
+// The batch-size finder's setter: the next batches have the new size, the prefetched one too.
+TEST(DataLoader, SetBatchSizeAppliesToTheNextBatches) {
+  auto data = std::make_shared<TensorDataset>(torch::arange(10).unsqueeze(1).to(torch::kFloat32), torch::arange(10));
+  DataLoader loader(data, DataLoaderOptions(4));
+  EXPECT_EQ(loader.batch(0).size(), 4);  // batch 1 is being prepared at size 4
+  loader.set_batch_size(3);
+  EXPECT_EQ(loader.num_batches(), 4);
+  EXPECT_EQ(loader.batch(1).size(), 3);
+  EXPECT_EQ(loader.batch(1).target[0].item<int64_t>(), 3);
+  EXPECT_EQ(loader.batch(3).size(), 1);
+  EXPECT_THROW(loader.set_batch_size(0), UsageError);
+}
+
 TEST(DataLoader, BadInput) {
   EXPECT_THROW(DataLoader(numbers(3), DataLoaderOptions(0)), UsageError);
   EXPECT_THROW(DataLoader(nullptr, DataLoaderOptions(1)), UsageError);

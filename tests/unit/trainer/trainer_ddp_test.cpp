@@ -102,6 +102,30 @@ TEST_F(TrainerDDP, TwoRanksEqualOneProcessOnTheFullBatch) {
   }
 }
 
+// --scale-batch-size and --lr-find on 2 ranks: the finder's loss is averaged over the ranks each
+// step (an all-reduce), so both ranks find the same rate and size without a broadcast; the
+// searches' steps are undone, so the job then trains as one given that rate and size.
+TEST_F(TrainerDDP, TunersAgreeOnTwoRanksAndLeaveNoTrace) {
+  const std::vector<std::string> job{"--devices", "2", "--strategy", "ddp", "--max-epochs", "2", "--adam"};
+  auto tuning = job;
+  tuning.insert(tuning.end(), {"--lr-find", "--scale-batch-size", "power"});
+  const auto tuned = run("tuned", tuning);
+  ASSERT_EQ(tuned.size(), 2u) << "both ranks must write their parameters";
+  std::string lr[2];
+  int64_t batch_size[2] = {0, 0};
+  for (int rank : {0, 1}) std::ifstream(dir / "tuned" / ("tuned." + std::to_string(rank))) >> lr[rank] >> batch_size[rank];
+  EXPECT_EQ(lr[0], lr[1]) << "the ranks found different learning rates";
+  EXPECT_EQ(batch_size[0], 32) << "64 examples: 32 a rank, the most a batch can hold";
+  EXPECT_EQ(batch_size[1], 32);
+  EXPECT_EQ(max_diff(tuned[0], tuned[1]), 0.0) << "replicas diverged";
+  auto given = job;
+  given.insert(given.end(), {"--lr", lr[0], "--batch-size", std::to_string(batch_size[0])});
+  const auto plain = run("given", given);
+  ASSERT_EQ(plain.size(), 2u);
+  EXPECT_EQ(max_diff(tuned[0], plain[0]), 0.0) << "the searches left a trace (lr " << lr[0] << ")";
+  std::cout << "[ tuners on 2 ranks ] lr " << lr[0] << ", batch size " << batch_size[0] << "\n";
+}
+
 // Manual optimisation whose training_step calls loss.backward() itself (once, or twice on half
 // the loss): the gradients are averaged as with manual_backward, and 2 ranks equal 1 process on
 // the doubled batch. The Trainer cannot see the step's forwards, so every backward in the step
