@@ -67,7 +67,7 @@ c10::impl::GenericDict weights_as_pieces(const c10::impl::GenericDict& callbacks
       add("callbacks/" + entry.key().toStringRef() + "/state_dict/" + tensor.key().toStringRef(),
           tensor.value().toTensor());
     }
-    state.erase("state_dict");
+    (void)state.erase("state_dict");
     common.insert_or_assign(entry.key(), state);
   }
   return common;
