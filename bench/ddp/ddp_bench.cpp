@@ -77,6 +77,7 @@ int run(int argc, char** argv) {
   bool view = true;
   std::string start_method = "popen";
   std::string accelerator = "cpu";
+  double liveness_timeout = 30;
   app.add_option("--model", model)->check(CLI::IsMember({"small", "25m", "cnn"}));
   app.add_option("--nproc-per-node", nproc)->check(CLI::Range(1, 1024));
   app.add_option("--steps", steps)->check(CLI::Range(1, 1 << 30));
@@ -89,6 +90,8 @@ int run(int argc, char** argv) {
       ->check(CLI::IsMember({"popen", "fork"}));
   app.add_option("--accelerator", accelerator, "cpu, or cuda: rank r on GPU r % (GPU count), gradients through Gloo")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--liveness-timeout", liveness_timeout, "seconds; 0: no liveness watch (bench/run section 12)")
+      ->check(CLI::Range(0.0, 1e6));
   CLI11_PARSE(app, argc, argv);
   if (accelerator == "cuda" && !torch::cuda::is_available()) {
     throw UsageError("--accelerator cuda, but this LibTorch sees no CUDA GPU; use --accelerator cpu.");
@@ -103,7 +106,9 @@ int run(int argc, char** argv) {
     }
   }
   torch::set_num_threads(1);
-  auto group = distributed::ProcessGroup::init(env->process_group_options().timeout(std::chrono::seconds(300)));
+  auto group = distributed::ProcessGroup::init(
+      env->process_group_options().timeout(std::chrono::seconds(300)).liveness_timeout(
+          std::chrono::milliseconds(static_cast<int64_t>(liveness_timeout * 1000))));
   torch::manual_seed(0);
   auto net = std::make_shared<NetImpl>(model);
   const auto device = accelerator == "cuda"

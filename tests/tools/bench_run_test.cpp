@@ -141,6 +141,13 @@ TEST(BenchRun, QuickRunWritesEverySection) {
     // Adam's state and the weights, 3 x 24.2M float32: about 290 MB on disk on either side.
     EXPECT_GT(v["checkpoint_mb"].get<double>(), 280) << side;
   }
+
+  // Section 12: the liveness watch on and off, the same final loss.
+  const auto& l = j["liveness"];
+  EXPECT_FALSE(l.contains("error")) << l.dump();
+  expect_positive(l["on_steps_per_s"], "liveness on_steps_per_s");
+  expect_positive(l["off_steps_per_s"], "liveness off_steps_per_s");
+  expect_positive(l["ratio"], "liveness ratio");
 }
 
 TEST(BenchRun, BadInputIsOneMessageAndExitTwo) {

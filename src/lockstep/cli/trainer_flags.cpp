@@ -266,6 +266,20 @@ void add_tuner_flags(CLI::App& app, TrainerOptions& o) {
       ->check(CLI::IsMember({"", "power", "binsearch"}));
 }
 
+// Where a fit starts from: a checkpoint to resume, or weights to begin with.
+void add_resume_flags(CLI::App& g, TrainerOptions& o) {
+  add(g, "--ckpt-path", o.ckpt_path(), "checkpoint to resume from (this Trainer's or Lightning's .ckpt), or 'last'");
+  add(g, "--ckpt-path-rename", o.ckpt_path_rename(),
+      "FROM=TO,...: rename prefixes of a Lightning --ckpt-path's names (found by matching when not given)");
+  add(g, "--init-weights", o.init_weights(),
+      "weights to start from (Python's torch.save(model.state_dict(), path), or a .safetensors file); "
+      "not a resume, see --ckpt-path");
+  add(g, "--init-weights-rename", o.init_weights_rename(),
+      "FROM=TO,...: rename prefixes of --init-weights' names ('model.=' strips model.)");
+  add(g, "--init-weights-strict", o.init_weights_strict(),
+      "true|false: every name must match (false skips missing and extra names)");
+}
+
 }  // namespace
 
 // The closest of `known` to `given`, if it is close enough to be a typo; else "".
@@ -308,16 +322,7 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& o) {
   add(g, "--deterministic", o.deterministic(), "true|false: deterministic algorithms only")
       ->check(CLI::Validator(refuse_deterministic_warn, "true|false"));
   add(g, "--default-root-dir", o.default_root_dir(), "where logs and checkpoints go");
-  add(g, "--ckpt-path", o.ckpt_path(), "checkpoint to resume from (this Trainer's or Lightning's .ckpt), or 'last'");
-  add(g, "--ckpt-path-rename", o.ckpt_path_rename(),
-      "FROM=TO,...: rename prefixes of a Lightning --ckpt-path's names (found by matching when not given)");
-  add(g, "--init-weights", o.init_weights(),
-      "weights to start from (Python's torch.save(model.state_dict(), path), or a .safetensors file); "
-      "not a resume, see --ckpt-path");
-  add(g, "--init-weights-rename", o.init_weights_rename(),
-      "FROM=TO,...: rename prefixes of --init-weights' names ('model.=' strips model.)");
-  add(g, "--init-weights-strict", o.init_weights_strict(),
-      "true|false: every name must match (false skips missing and extra names)");
+  add_resume_flags(g, o);
   add_limit(g, "--limit-train-batches", o.limit_train_batches(), "fraction (0.25) or count (10) of training batches");
   add_limit(g, "--limit-val-batches", o.limit_val_batches(), "fraction or count of validation batches");
   add_limit(g, "--limit-test-batches", o.limit_test_batches(), "fraction or count of test batches");
