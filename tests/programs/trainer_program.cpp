@@ -3,6 +3,7 @@
 //   trainer_program [trainer flags] --out DIR [--batch-size B] [--adam] [--save PATH] [--val] [--csv-logger]
 //                   [--fail-on-rank R] [--pause-ms MS [--pause-on-rank R]] [--nan-at-step S --nan-on-rank R]
 //                   [--crash-at-step S --crash-on-rank R] [--checkpoint-every-n-steps K]
+//                   [--checkpoint-every-seconds T] [--step-ms MS]
 //                   [--manual plain|twice|manual_backward] [--features F] [--lr LR]
 // With --val it also validates (32 examples) and writes each rank's validation count. With
 // --csv-logger every rank adds its own CSVLogger under --default-root-dir, as a user might. With
@@ -11,7 +12,10 @@
 // sleeps that long (a live job for tests to inspect). With --nan-at-step S, rank --nan-on-rank's
 // loss in optimizer step S (1, 2, ...) is NaN. With --crash-at-step S, rank --crash-on-rank exits
 // with code 3 after step S, in the first attempt of a job only (TORCHELASTIC_RESTART_COUNT unset
-// or 0). --checkpoint-every-n-steps K keeps a checkpoint of every K-th step and last.ckpt.
+// or 0). --checkpoint-every-n-steps K keeps a checkpoint of every K-th step and last.ckpt;
+// --checkpoint-every-seconds T one every T seconds of wall time (train_time_interval), and every
+// rank writes DIR/saved.<rank>: the global step of each checkpoint it took part in, one a line.
+// --step-ms MS: every training step sleeps MS milliseconds first (a step of known length).
 // --manual: manual optimisation, each step's backward as loss.backward() (plain), as two
 // loss.backward() calls of half the loss each (twice), or as manual_backward(loss). --features F
 // (default 8): the inputs' width, so that a checkpoint of one width is a wider model's for another.
@@ -73,6 +77,27 @@ struct PauseOnce : lockstep::Callback {
   std::string out;
   int ms;
   int rank;
+};
+
+// Every training batch lasts at least `ms` milliseconds (added before ModelCheckpoint, which
+// then reads the clock after the sleep).
+struct SlowSteps : lockstep::Callback {
+  explicit SlowSteps(int ms) : ms(ms) {}
+  std::string name() const override { return "SlowSteps"; }
+  void on_train_batch_end(lockstep::TrainerView&, lockstep::TrainingModule&, const torch::Tensor&, int64_t) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  }
+  int ms;
+};
+
+// Records the global step of every checkpoint this rank takes part in (rank 0 alone writes).
+struct SaveRecordingTrainer : lockstep::Trainer {
+  using lockstep::Trainer::Trainer;
+  void save_checkpoint(const std::string& path) override {
+    saved_steps.push_back(global_step());
+    lockstep::Trainer::save_checkpoint(path);
+  }
+  std::vector<int64_t> saved_steps;
 };
 
 // Ends one rank's process after one step, as a crash would, in a job's first attempt.
@@ -147,7 +172,8 @@ int run(int argc, char** argv) {
     bool adam = false, validate = false, csv_logger = false;
     int fail_on_rank = -1, pause_ms = 0, pause_on_rank = -1, nan_on_rank = 0, crash_on_rank = 1;
     int64_t nan_at_step = 0, crash_at_step = 0, checkpoint_every = 0, features = 8;
-    double lr = 0;
+    double lr = 0, checkpoint_seconds = 0;
+    int step_ms = 0;
     app.add_option("--out", out)->required();
     app.add_option("--batch-size", batch_size);
     app.add_option("--save", save);
@@ -162,6 +188,8 @@ int run(int argc, char** argv) {
     app.add_option("--crash-at-step", crash_at_step);
     app.add_option("--crash-on-rank", crash_on_rank);
     app.add_option("--checkpoint-every-n-steps", checkpoint_every);
+    app.add_option("--checkpoint-every-seconds", checkpoint_seconds);
+    app.add_option("--step-ms", step_ms);
     app.add_option("--features", features);
     app.add_option("--lr", lr);
     app.add_option("--manual", manual)->check(CLI::IsMember({"plain", "twice", "manual_backward"}));
@@ -180,7 +208,7 @@ int run(int argc, char** argv) {
       model = std::make_shared<lockstep::testing::Regressor>(adam, features);
     }
     auto data = lockstep::testing::regression_data(64, features);
-    lockstep::Trainer trainer(options.enable_progress_bar(false).num_sanity_val_steps(0));
+    SaveRecordingTrainer trainer(options.enable_progress_bar(false).num_sanity_val_steps(0));
     if (csv_logger) {
       trainer.add_logger(std::make_shared<lockstep::loggers::CSVLogger>(
           lockstep::loggers::LoggerOptions(options.default_root_dir())));
@@ -188,6 +216,11 @@ int run(int argc, char** argv) {
     if (fail_on_rank >= 0) trainer.add_callback(std::make_shared<FailOnRank>(fail_on_rank));
     if (pause_ms > 0) trainer.add_callback(std::make_shared<PauseOnce>(out, pause_ms, pause_on_rank));
     if (crash_at_step > 0) trainer.add_callback(std::make_shared<CrashOnce>(crash_at_step, crash_on_rank));
+    if (step_ms > 0) trainer.add_callback(std::make_shared<SlowSteps>(step_ms));
+    if (checkpoint_seconds > 0) {
+      trainer.add_callback(std::make_shared<lockstep::ModelCheckpoint>(
+          lockstep::ModelCheckpointOptions().train_time_interval(checkpoint_seconds).save_top_k(-1)));
+    }
     if (checkpoint_every > 0) {
       trainer.add_callback(std::make_shared<lockstep::ModelCheckpoint>(
           lockstep::ModelCheckpointOptions().every_n_train_steps(checkpoint_every).save_top_k(-1).save_last(true)));
@@ -210,6 +243,10 @@ int run(int argc, char** argv) {
                   static_cast<long long>(train->options().batch_size()));
     std::ofstream(out + "/tuned." + rank) << tuned;
     if (validate) std::ofstream(out + "/validations." + rank) << validations->count << "\n";
+    if (checkpoint_seconds > 0) {
+      std::ofstream saved(out + "/saved." + rank);
+      for (int64_t step : trainer.saved_steps) saved << step << "\n";
+    }
     return 0;
   });
 }

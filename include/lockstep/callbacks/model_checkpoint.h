@@ -2,6 +2,7 @@
 /// ModelCheckpoint: saves checkpoints during fit and keeps the best k of them, as Lightning's
 /// ModelCheckpoint does.
 
+#include <chrono>
 #include <map>
 #include <optional>
 #include <string>
@@ -14,8 +15,10 @@
 namespace lockstep {
 
 /// Saves through `trainer.save_checkpoint` (rank 0 writes atomically, every rank calls it) at the
-/// end of every `every_n_epochs`-th training epoch, after its validation, or every
-/// `every_n_train_steps` optimizer steps. With a `monitor`, a candidate enters the top k when it
+/// end of every `every_n_epochs`-th training epoch, after its validation, every
+/// `every_n_train_steps` optimizer steps, or at the first step end `train_time_interval` seconds
+/// after the previous such save (rank 0's clock decides; the ranks agree by one all-reduce of a
+/// float per step, paid only with the interval set). With a `monitor`, a candidate enters the top k when it
 /// beats the k-th best score (ties keep the older file); the file that falls out is deleted.
 /// Without one, the newest checkpoint replaces the previous (save_top_k 1) or all are kept (-1).
 /// Rank 0 decides and broadcasts its decision, so every rank saves the same files and holds the
@@ -31,11 +34,13 @@ namespace lockstep {
 class ModelCheckpoint : public Callback {
  public:
   /// Throws UsageError for an invalid combination (save_top_k < -1, a mode other than min|max,
-  /// save_top_k > 1 without a monitor, both every_n_epochs and every_n_train_steps set).
+  /// save_top_k > 1 without a monitor, more than one of every_n_epochs, every_n_train_steps and
+  /// train_time_interval set).
   explicit ModelCheckpoint(ModelCheckpointOptions options = {});
 
   /// "ModelCheckpoint{'monitor': 'val_loss', 'mode': 'min', 'every_n_train_steps': 0,
-  /// 'every_n_epochs': 1}", so that several checkpoint callbacks keep separate state.
+  /// 'every_n_epochs': 1}" (with ", 'train_time_interval': 1800.0" when that is set), so that
+  /// several checkpoint callbacks keep separate state.
   std::string name() const override;
 
   void on_fit_start(TrainerView& trainer, TrainingModule& module) override;
@@ -85,6 +90,8 @@ class ModelCheckpoint : public Callback {
   /// Removes a checkpoint and, with save_safetensors, the weights beside it (on rank 0).
   void remove(TrainerView& trainer, const std::string& path);
   bool skip_saving(TrainerView& trainer) const;
+  /// Whether train_time_interval has passed, as rank 0 finds; every rank calls it at each batch end.
+  bool train_time_due(TrainerView& trainer);
   bool enters_top_k(double current) const;
   std::string unused_path(const std::map<std::string, double>& candidates, const std::string& replaced) const;
   void missing_monitor(TrainerView& trainer, const std::map<std::string, double>& candidates, bool epoch_end);
@@ -97,6 +104,8 @@ class ModelCheckpoint : public Callback {
   bool validation_ran_ = false;
   bool warned_missing_ = false;
   int64_t last_global_step_saved_ = 0;
+  int64_t last_step_timed_ = 0;  // the step train_time_due last looked at
+  std::chrono::steady_clock::time_point last_time_checked_;
 
   std::string best_model_path_;
   std::optional<double> best_model_score_;

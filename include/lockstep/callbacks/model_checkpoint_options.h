@@ -1,6 +1,7 @@
 #pragma once
 /// Options of ModelCheckpoint (Lightning's ModelCheckpoint arguments).
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -29,10 +30,21 @@ struct ModelCheckpointOptions {
   /// Also write `last.ckpt` at every save point, replacing the previous one. Default: false.
   TORCH_ARG(bool, save_last) = false;
   /// Save after every n-th training epoch (after its validation); 0 never. Default: unset (1, or
-  /// 0 when every_n_train_steps is set, as Lightning).
+  /// 0 when every_n_train_steps or train_time_interval is set, as Lightning).
   TORCH_ARG(std::optional<int64_t>, every_n_epochs) = std::nullopt;
   /// Save after every n-th optimizer step; 0 never. Default: 0.
   TORCH_ARG(int64_t, every_n_train_steps) = 0;
+  /// Save at the end of the first optimizer step at which this many seconds of wall time have
+  /// passed since fit started (a resumed fit too) or since the last save it caused, by rank 0's
+  /// clock, which every rank follows (Lightning's train_time_interval); 0 never. Default: 0.
+  TORCH_ARG(double, train_time_interval) = 0.0;
+
+ public:
+  /// The same as a duration: `.train_time_interval(std::chrono::minutes(30))`.
+  template <typename Rep, typename Period>
+  ModelCheckpointOptions& train_time_interval(std::chrono::duration<Rep, Period> interval) {
+    return train_time_interval(std::chrono::duration<double>(interval).count());
+  }
   /// Also write the module's weights beside each checkpoint as safetensors, removed with it:
   /// `<name>.safetensors`, or with several ranks `<name>.safetensors.index.json` and one shard
   /// per rank that each rank writes (under FSDP no rank gathers the whole model), as

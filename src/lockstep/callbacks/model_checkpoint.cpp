@@ -9,6 +9,7 @@
 #include <limits>
 #include <regex>
 #include <stdexcept>
+#include <vector>
 
 #include <lockstep/callbacks/metric_format.h>
 #include <lockstep/core/error.h>
@@ -81,6 +82,19 @@ std::string weights_path(const std::string& path, int world_size) {
          (world_size > 1 ? ".safetensors.index.json" : ".safetensors");
 }
 
+// As Lightning: at most one of the three says when to save.
+void check_one_trigger(const ModelCheckpointOptions& o) {
+  std::vector<std::string> set;
+  if (o.every_n_epochs().value_or(0) > 0) set.push_back("every_n_epochs=" + std::to_string(*o.every_n_epochs()));
+  if (o.every_n_train_steps() > 0) set.push_back("every_n_train_steps=" + std::to_string(o.every_n_train_steps()));
+  if (o.train_time_interval() > 0) set.push_back("train_time_interval=" + detail::python_float(o.train_time_interval()));
+  if (set.size() < 2) return;
+  std::string given = set[0];
+  for (size_t i = 1; i < set.size(); ++i) given += ", " + set[i];
+  throw UsageError("ModelCheckpoint(" + given + "): every_n_epochs, every_n_train_steps and train_time_interval are "
+                   "mutually exclusive; set only one of them (add a second ModelCheckpoint for a second schedule).");
+}
+
 }  // namespace
 
 /// What rank 0 decided at one top-k save point; every rank carries it out.
@@ -110,12 +124,12 @@ ModelCheckpoint::ModelCheckpoint(ModelCheckpointOptions options) : options_(std:
   if (o.every_n_train_steps() < 0 || o.every_n_epochs().value_or(0) < 0) {
     throw UsageError("ModelCheckpoint: every_n_epochs and every_n_train_steps must be >= 0 (0 turns one off).");
   }
-  if (o.every_n_epochs().value_or(0) > 0 && o.every_n_train_steps() > 0) {
-    throw UsageError("ModelCheckpoint(every_n_epochs=" + std::to_string(*o.every_n_epochs()) +
-                     ", every_n_train_steps=" + std::to_string(o.every_n_train_steps()) +
-                     "): the two are mutually exclusive; set only one of them.");
+  if (!(o.train_time_interval() >= 0) || std::isinf(o.train_time_interval())) {
+    throw UsageError("ModelCheckpoint(train_time_interval=" + detail::python_float(o.train_time_interval()) +
+                     ") is invalid: give the seconds between saves, a finite number > 0 (0 turns it off).");
   }
-  every_n_epochs_ = o.every_n_epochs().value_or(o.every_n_train_steps() > 0 ? 0 : 1);
+  check_one_trigger(o);
+  every_n_epochs_ = o.every_n_epochs().value_or(o.every_n_train_steps() > 0 || o.train_time_interval() > 0 ? 0 : 1);
   dirpath_ = o.dirpath();
 }
 
@@ -123,7 +137,11 @@ std::string ModelCheckpoint::name() const {
   const std::string monitor = options_.monitor().empty() ? "None" : "'" + options_.monitor() + "'";
   return "ModelCheckpoint{'monitor': " + monitor + ", 'mode': '" + options_.mode() +
          "', 'every_n_train_steps': " + std::to_string(options_.every_n_train_steps()) +
-         ", 'every_n_epochs': " + std::to_string(every_n_epochs_) + "}";
+         ", 'every_n_epochs': " + std::to_string(every_n_epochs_) +
+         (options_.train_time_interval() > 0
+              ? ", 'train_time_interval': " + detail::python_float(options_.train_time_interval())
+              : std::string()) +
+         "}";
 }
 
 std::string ModelCheckpoint::format_checkpoint_name(const std::map<std::string, double>& metrics,
@@ -160,6 +178,10 @@ void ModelCheckpoint::on_fit_start(TrainerView& trainer, TrainingModule& module)
   validation_ran_ = false;
   warned_missing_ = false;
   last_global_step_saved_ = trainer.global_step();
+  // The clock starts with every fit, a resumed one too (Lightning keeps no time in checkpoints):
+  // a resume starts from a saved state, so it has no unsaved work yet.
+  last_step_timed_ = trainer.global_step();
+  last_time_checked_ = std::chrono::steady_clock::now();
   if (options_.dirpath().empty()) dirpath_ = (std::filesystem::path(trainer.log_dir()) / "checkpoints").string();
   if (!loaded_dirpath_) return;
   if (*loaded_dirpath_ != dirpath_) {
@@ -200,10 +222,27 @@ bool ModelCheckpoint::skip_saving(TrainerView& trainer) const {
 
 void ModelCheckpoint::on_train_batch_end(TrainerView& trainer, TrainingModule& module, const torch::Tensor& loss,
                                          int64_t batch_idx) {
+  if (skip_saving(trainer)) return;
   const int64_t n = options_.every_n_train_steps();
-  if (n < 1 || skip_saving(trainer) || trainer.global_step() % n != 0) return;
+  const bool steps_due = n >= 1 && trainer.global_step() % n == 0;
+  if (!train_time_due(trainer) && !steps_due) return;
   save_topk(trainer, false);
   save_last(trainer);
+}
+
+bool ModelCheckpoint::train_time_due(TrainerView& trainer) {
+  // Only where an optimizer step ended (global_step moved, on every rank alike): a save within
+  // gradient accumulation would not hold the gradients gathered so far.
+  if (options_.train_time_interval() <= 0 || trainer.global_step() == last_step_timed_) return false;
+  last_step_timed_ = trainer.global_step();
+  const auto now = std::chrono::steady_clock::now();
+  bool due = trainer.is_global_zero() &&
+             std::chrono::duration<double>(now - last_time_checked_).count() >= options_.train_time_interval();
+  // Rank 0 decides for all: clocks that differ near the interval would save at different steps,
+  // and a save is a collective. One all-reduce of a float, cheaper than a broadcast's two.
+  if (trainer.world_size() > 1) due = trainer.any_rank(due);
+  if (due) last_time_checked_ = now;  // as Lightning: the save's own time counts towards the next
+  return due;
 }
 
 void ModelCheckpoint::on_train_epoch_end(TrainerView& trainer, TrainingModule& module) {

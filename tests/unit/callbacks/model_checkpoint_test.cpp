@@ -4,8 +4,12 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <chrono>
+#include <cmath>
 #include <fstream>
+#include <regex>
 #include <set>
+#include <thread>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -18,6 +22,7 @@
 #include <lockstep/trainer/trainer.h>
 
 #include "../../support/regression.h"
+#include "../../support/time_saves.h"
 
 namespace lockstep {
 namespace model_checkpoint_test {
@@ -386,8 +391,96 @@ TEST_F(ModelCheckpointTest, InvalidSettingsAreUsageErrors) {
   expect_usage(ModelCheckpointOptions().save_top_k(3), "Set monitor");
   expect_usage(ModelCheckpointOptions().every_n_epochs(2).every_n_train_steps(5), "mutually exclusive");
   expect_usage(ModelCheckpointOptions().every_n_train_steps(-1), ">= 0");
+  // As Lightning's MisconfigurationException: one schedule a callback.
+  expect_usage(ModelCheckpointOptions().train_time_interval(60).every_n_train_steps(5),
+               "ModelCheckpoint(every_n_train_steps=5, train_time_interval=60.0): every_n_epochs, every_n_train_steps "
+               "and train_time_interval are mutually exclusive; set only one of them");
+  expect_usage(ModelCheckpointOptions().train_time_interval(60).every_n_epochs(1), "every_n_epochs=1, train_time_interval");
+  expect_usage(ModelCheckpointOptions().train_time_interval(-1), "train_time_interval=-1.0) is invalid");
+  expect_usage(ModelCheckpointOptions().train_time_interval(std::nan("")), "a finite number > 0");
+  try {
+    ModelCheckpoint checkpoint(ModelCheckpointOptions().train_time_interval(1).every_n_train_steps(1));
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), 2);
+  }
   EXPECT_EQ(ModelCheckpoint(ModelCheckpointOptions().monitor("val_loss")).name(),
             "ModelCheckpoint{'monitor': 'val_loss', 'mode': 'min', 'every_n_train_steps': 0, 'every_n_epochs': 1}");
+  // every_n_epochs turned off explicitly goes with it, as in Lightning; a duration is seconds.
+  const ModelCheckpoint timed(ModelCheckpointOptions().train_time_interval(std::chrono::minutes(30)).every_n_epochs(0));
+  EXPECT_DOUBLE_EQ(timed.options().train_time_interval(), 1800.0);
+  EXPECT_EQ(timed.name(), "ModelCheckpoint{'monitor': None, 'mode': 'min', 'every_n_train_steps': 0, "
+                          "'every_n_epochs': 0, 'train_time_interval': 1800.0}");
+}
+
+/// Every training batch lasts at least `ms` milliseconds; added before ModelCheckpoint, which
+/// reads its clock after the sleep.
+struct SlowSteps : Callback {
+  explicit SlowSteps(int ms) : ms(ms) {}
+  std::string name() const override { return "SlowSteps"; }
+  void on_train_batch_end(TrainerView&, TrainingModule&, const torch::Tensor&, int64_t) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  }
+  int ms;
+};
+
+std::vector<int64_t> saved_steps(const fs::path& dir) {
+  std::vector<int64_t> steps;
+  static const std::regex step(R"(step=(\d+)\.ckpt$)");
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    std::smatch m;
+    if (std::regex_search(name, m, step)) steps.push_back(std::stoll(m[1]));
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+// 12 steps of 200 ms: saves after steps 4, 8 and 12 (each give or take one, see above), mid-epoch.
+TEST_F(ModelCheckpointTest, TrainTimeIntervalSavesWhenTheIntervalHasPassed) {
+  Trainer trainer(options(1).max_steps(12));
+  trainer.add_callback(std::make_shared<SlowSteps>(200));
+  trainer.add_callback(std::make_shared<ModelCheckpoint>(
+      ModelCheckpointOptions().dirpath((root / "ckpts").string()).train_time_interval(0.7).save_top_k(-1)));
+  trainer.fit(std::make_shared<testing::Regressor>(),
+              std::make_shared<DataLoader>(regression_data(192), DataLoaderOptions(16)));
+  const auto saves = saved_steps(root / "ckpts");
+  testing::expect_saves_every_0_7_seconds(saves, 0, 12);
+  for (int64_t step : saves) {
+    const auto path = in_dir("epoch=0-step=" + std::to_string(step) + ".ckpt");
+    EXPECT_EQ(checkpoint::CheckpointIO().load(path).at("global_step").toInt(), step) << path;
+  }
+}
+
+// The clock starts again when a resumed fit starts (no time is kept in the checkpoint, as in
+// Lightning): the resumed run keeps its step count, the earlier run's files and its own saves'
+// rhythm, counted from the resumed step.
+TEST_F(ModelCheckpointTest, TrainTimeIntervalCountsOnFromTheResumedStep) {
+  auto run = [&](int64_t max_steps, const std::string& ckpt_path) {
+    Trainer trainer(options(2).max_steps(max_steps).ckpt_path(ckpt_path));
+    trainer.add_callback(std::make_shared<SlowSteps>(200));
+    trainer.add_callback(std::make_shared<ModelCheckpoint>(ModelCheckpointOptions()
+                                                               .dirpath((root / "ckpts").string())
+                                                               .train_time_interval(0.7)
+                                                               .save_top_k(-1)
+                                                               .save_last(true)));
+    trainer.fit(std::make_shared<testing::Regressor>(),
+                std::make_shared<DataLoader>(regression_data(192), DataLoaderOptions(16)));
+    return trainer.global_step();
+  };
+  ASSERT_EQ(run(6, ""), 6);
+  const auto before = saved_steps(root / "ckpts");
+  testing::expect_saves_every_0_7_seconds(before, 0, 6);
+  const auto resumed_at = checkpoint::CheckpointIO().load(in_dir("last.ckpt")).at("global_step").toInt();
+  ASSERT_EQ(resumed_at, 6) << "last.ckpt is written when fit ends at max_steps";
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));  // longer than the interval: must not count
+  ASSERT_EQ(run(14, in_dir("last.ckpt")), 14);
+  std::vector<int64_t> after;
+  for (int64_t step : saved_steps(root / "ckpts")) {
+    if (step > resumed_at) after.push_back(step);
+  }
+  testing::expect_saves_every_0_7_seconds(after, resumed_at, 14);  // after steps 10 and 14
+  EXPECT_EQ(saved_steps(root / "ckpts").size(), before.size() + after.size()) << "the first run's files stay";
+  EXPECT_EQ(checkpoint::CheckpointIO().load(in_dir("last.ckpt")).at("global_step").toInt(), 14);
 }
 
 }  // namespace

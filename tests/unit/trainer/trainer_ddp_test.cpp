@@ -18,6 +18,7 @@
 
 #include "../../support/command.h"
 #include "../../support/paths.h"
+#include "../../support/time_saves.h"
 #include "../../support/written_parameters.h"
 
 namespace lockstep {
@@ -186,6 +187,33 @@ TEST_F(TrainerDDP, ResumeOnTwoRanksIsExact) {
   ASSERT_EQ(resumed.size(), 2u);
   EXPECT_EQ(max_diff(straight[0], resumed[0]), 0.0);
   EXPECT_EQ(max_diff(straight[1], resumed[1]), 0.0);
+}
+
+// ModelCheckpoint's train_time_interval on 2 ranks, steps of 200 ms, 0.7 s: saves after steps 4,
+// 8, 12, each give or take one (testing::expect_saves_every_0_7_seconds says why), and every rank
+// takes part in the same saves (rank 0's clock decides), under DDP and under FSDP's sharded
+// checkpoints, where each rank writes its own pieces.
+TEST_F(TrainerDDP, TrainTimeIntervalSavesTheSameStepsOnEveryRank) {
+  for (const std::string strategy : {"ddp", "fsdp"}) {
+    const int64_t steps = strategy == "ddp" ? 12 : 8;
+    std::vector<std::string> flags{"--devices", "2", "--strategy", strategy, "--batch-size", "2", "--max-epochs", "1",
+                                   "--max-steps", std::to_string(steps), "--step-ms", "200",
+                                   "--checkpoint-every-seconds", "0.7"};
+    if (strategy == "fsdp") flags.insert(flags.end(), {"--fsdp-state-dict-type", "sharded"});
+    ASSERT_EQ(run(strategy, flags, strategy + "_runs").size(), 2u) << strategy;
+    std::vector<int64_t> saved[2];
+    for (int rank : {0, 1}) {
+      std::ifstream in(dir / strategy / ("saved." + std::to_string(rank)));
+      for (int64_t step; in >> step;) saved[rank].push_back(step);
+    }
+    EXPECT_EQ(saved[0], saved[1]) << strategy << ": the ranks saved at different steps";
+    testing::expect_saves_every_0_7_seconds(saved[0], 0, steps);
+    const auto checkpoints = dir / (strategy + "_runs") / "lockstep_logs" / "version_0" / "checkpoints";
+    for (int64_t step : saved[0]) {
+      EXPECT_TRUE(std::filesystem::exists(checkpoints / ("epoch=0-step=" + std::to_string(step) + ".ckpt")))
+          << strategy << " step " << step;
+    }
+  }
 }
 
 TEST_F(TrainerDDP, ValidationWithinTheEpochRunsOnEveryRankAtTheSameBatches) {
