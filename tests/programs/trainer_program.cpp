@@ -3,7 +3,7 @@
 //   trainer_program [trainer flags] --out DIR [--batch-size B] [--adam] [--save PATH] [--val] [--csv-logger]
 //                   [--fail-on-rank R] [--pause-ms MS [--pause-on-rank R]] [--nan-at-step S --nan-on-rank R]
 //                   [--crash-at-step S --crash-on-rank R] [--checkpoint-every-n-steps K]
-//                   [--checkpoint-every-seconds T] [--step-ms MS]
+//                   [--checkpoint-every-seconds T] [--step-ms MS] [--keep-resumed]
 //                   [--manual plain|twice|manual_backward] [--features F] [--lr LR]
 // With --val it also validates (32 examples) and writes each rank's validation count. With
 // --csv-logger every rank adds its own CSVLogger under --default-root-dir, as a user might. With
@@ -15,18 +15,24 @@
 // or 0). --checkpoint-every-n-steps K keeps a checkpoint of every K-th step and last.ckpt;
 // --checkpoint-every-seconds T one every T seconds of wall time (train_time_interval), and every
 // rank writes DIR/saved.<rank>: the global step of each checkpoint it took part in, one a line.
-// --step-ms MS: every training step sleeps MS milliseconds first (a step of known length).
 // --manual: manual optimisation, each step's backward as loss.backward() (plain), as two
 // loss.backward() calls of half the loss each (twice), or as manual_backward(loss). --features F
 // (default 8): the inputs' width, so that a checkpoint of one width is a wider model's for another.
 // --lr LR: the optimizer's learning rate instead of the model's own. Every rank writes
 // DIR/tuned.<rank>: the learning rate and the training batch size fit ended with (--lr-find and
-// --scale-batch-size set them), the rate with 17 digits.
+// --scale-batch-size set them), the rate with 17 digits. --step-ms MS: every training batch lasts
+// at least MS milliseconds (a step of known length; a job slow enough for a test to lose a node
+// mid-epoch), and each rank appends
+// "<global step> <world size> <unix ms>" to DIR/steps.<rank> after each batch, and each process
+// "<unix ms> <RANK> <WORLD_SIZE>" to DIR/starts when it starts. --keep-resumed: a run that resumed
+// copies, on rank 0 when fit starts, the last.ckpt it resumed to DIR/resumed.<step>.ckpt and its
+// weights to DIR/resumed.<step>.pt (a later attempt of the job overwrites last.ckpt).
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <limits>
 #include <fstream>
 #include <thread>
@@ -79,17 +85,6 @@ struct PauseOnce : lockstep::Callback {
   int rank;
 };
 
-// Every training batch lasts at least `ms` milliseconds (added before ModelCheckpoint, which
-// then reads the clock after the sleep).
-struct SlowSteps : lockstep::Callback {
-  explicit SlowSteps(int ms) : ms(ms) {}
-  std::string name() const override { return "SlowSteps"; }
-  void on_train_batch_end(lockstep::TrainerView&, lockstep::TrainingModule&, const torch::Tensor&, int64_t) override {
-    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-  }
-  int ms;
-};
-
 // Records the global step of every checkpoint this rank takes part in (rank 0 alone writes).
 struct SaveRecordingTrainer : lockstep::Trainer {
   using lockstep::Trainer::Trainer;
@@ -116,6 +111,40 @@ struct CrashOnce : lockstep::Callback {
   }
   int64_t step;
   int rank;
+};
+
+int64_t unix_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Every training batch lasts at least `ms` milliseconds (added before ModelCheckpoint, which then
+// reads the clock after the sleep); records when each step ended, for tests that act mid-epoch.
+struct SlowSteps : lockstep::Callback {
+  SlowSteps(std::string out, int ms) : out(std::move(out)), ms(ms) {}
+  std::string name() const override { return "SlowSteps"; }
+  void on_train_batch_end(lockstep::TrainerView& trainer, lockstep::TrainingModule&, const torch::Tensor&,
+                          int64_t) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    std::ofstream(out + "/steps." + std::to_string(trainer.global_rank()), std::ios::app)
+        << trainer.global_step() << " " << trainer.world_size() << " " << unix_ms() << "\n";
+  }
+  std::string out;
+  int ms;
+};
+
+// Keeps the checkpoint a resumed run started from, and the weights it loaded.
+struct KeepResumed : lockstep::Callback {
+  explicit KeepResumed(std::string out) : out(std::move(out)) {}
+  std::string name() const override { return "KeepResumed"; }
+  void on_fit_start(lockstep::TrainerView& trainer, lockstep::TrainingModule& module) override {
+    if (trainer.global_rank() != 0 || trainer.global_step() == 0) return;
+    const std::string step = std::to_string(trainer.global_step());
+    std::filesystem::copy_file(trainer.log_dir() + "/checkpoints/last.ckpt", out + "/resumed." + step + ".ckpt",
+                               std::filesystem::copy_options::overwrite_existing);
+    torch::save(module.parameters(), out + "/resumed." + step + ".pt");
+  }
+  std::string out;
 };
 
 // The regression model whose loss is NaN on one rank in one step.
@@ -169,11 +198,10 @@ int run(int argc, char** argv) {
     lockstep::cli::add_trainer_flags(app, options);
     std::string out, save, manual;
     int64_t batch_size = 8;
-    bool adam = false, validate = false, csv_logger = false;
-    int fail_on_rank = -1, pause_ms = 0, pause_on_rank = -1, nan_on_rank = 0, crash_on_rank = 1;
+    bool adam = false, validate = false, csv_logger = false, keep_resumed = false;
+    int fail_on_rank = -1, pause_ms = 0, step_ms = 0, pause_on_rank = -1, nan_on_rank = 0, crash_on_rank = 1;
     int64_t nan_at_step = 0, crash_at_step = 0, checkpoint_every = 0, features = 8;
     double lr = 0, checkpoint_seconds = 0;
-    int step_ms = 0;
     app.add_option("--out", out)->required();
     app.add_option("--batch-size", batch_size);
     app.add_option("--save", save);
@@ -189,12 +217,19 @@ int run(int argc, char** argv) {
     app.add_option("--crash-on-rank", crash_on_rank);
     app.add_option("--checkpoint-every-n-steps", checkpoint_every);
     app.add_option("--checkpoint-every-seconds", checkpoint_seconds);
-    app.add_option("--step-ms", step_ms);
     app.add_option("--features", features);
     app.add_option("--lr", lr);
+    app.add_option("--step-ms", step_ms);
+    app.add_flag("--keep-resumed", keep_resumed);
     app.add_option("--manual", manual)->check(CLI::IsMember({"plain", "twice", "manual_backward"}));
     const int parsed = lockstep::cli::parse_or_exit_code(app, argc, argv);
     if (parsed >= 0) return parsed;
+    if (step_ms > 0) {
+      const char* rank = std::getenv("RANK");
+      const char* world = std::getenv("WORLD_SIZE");
+      std::ofstream(out + "/starts", std::ios::app) << unix_ms() << " " << (rank ? rank : "-") << " "
+                                                    << (world ? world : "-") << "\n";
+    }
     torch::set_num_threads(1);
     torch::manual_seed(11);
     std::shared_ptr<lockstep::testing::Regressor> model;
@@ -215,8 +250,9 @@ int run(int argc, char** argv) {
     }
     if (fail_on_rank >= 0) trainer.add_callback(std::make_shared<FailOnRank>(fail_on_rank));
     if (pause_ms > 0) trainer.add_callback(std::make_shared<PauseOnce>(out, pause_ms, pause_on_rank));
+    if (step_ms > 0) trainer.add_callback(std::make_shared<SlowSteps>(out, step_ms));
+    if (keep_resumed) trainer.add_callback(std::make_shared<KeepResumed>(out));
     if (crash_at_step > 0) trainer.add_callback(std::make_shared<CrashOnce>(crash_at_step, crash_on_rank));
-    if (step_ms > 0) trainer.add_callback(std::make_shared<SlowSteps>(step_ms));
     if (checkpoint_seconds > 0) {
       trainer.add_callback(std::make_shared<lockstep::ModelCheckpoint>(
           lockstep::ModelCheckpointOptions().train_time_interval(checkpoint_seconds).save_top_k(-1)));

@@ -26,6 +26,9 @@
 #include <lockstep/trainer/trainer_options.h>
 
 namespace lockstep {
+namespace detail {
+class AttemptRecord;
+}  // namespace detail
 
 namespace loggers {
 class Logger;
@@ -169,6 +172,11 @@ class Trainer : public TrainerView {
   /// After a failed fit, on rank 0: the run folder its loggers made, when nothing was written in it.
   void remove_empty_run_folder() noexcept;
   void record_resume(const std::string& path, const std::string& origin) const;
+  /// Under a launcher that restarts the job: the version folder --ckpt-path last continues in.
+  std::optional<int64_t> continued_version() const;
+  /// Under a launcher that restarts the job, on rank 0: the line saying what the last attempt's
+  /// end cost (elastic_run.h), then this attempt's progress record.
+  void start_attempt_record(bool resumed);
   std::string why_nothing_trained(int64_t epoch, int64_t max_epochs) const;
   void attach_sampler(DataLoader& loader, bool shuffle);
   /// A validation or test loader's sampler; rank 0 says once what its padding does to `stage`.
@@ -249,6 +257,8 @@ class Trainer : public TrainerView {
   bool loggers_set_by_user_ = false;
   std::string log_dir_;
   std::string claimed_run_dir_;  ///< rank 0's: the folder its loggers made at setup
+  std::string resumed_path_;     ///< the checkpoint fit resumed, "last" resolved
+  std::unique_ptr<detail::AttemptRecord> attempt_record_;  ///< rank 0's, under a restarting launcher
   std::string model_summary_;  ///< rank 0's, taken at setup, printed when fit starts
 
   ExecutionPlan plan_;

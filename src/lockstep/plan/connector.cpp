@@ -156,6 +156,19 @@ std::shared_ptr<environments::ClusterEnvironment> environment_for(
   return given;
 }
 
+// --num-nodes left at 1 under torchrun takes the nodes its rendezvous formed: an elastic one
+// (--nnodes MIN:MAX) changes them from attempt to attempt, and nothing in a worker's environment
+// says MIN and MAX. A --num-nodes given is still checked against WORLD_SIZE.
+int nodes_for(const PlanOptions& o, const environments::ClusterEnvironment& env, int devices_per_node) {
+  const auto& placement = env.placement();
+  const bool torchrun = env.name() == "torchelastic" && env.creates_processes_externally();
+  if (!torchrun || o.num_nodes() != 1 || devices_per_node != placement.local_world_size ||
+      placement.world_size % devices_per_node != 0) {
+    return o.num_nodes();
+  }
+  return placement.world_size / devices_per_node;
+}
+
 // The devices and nodes against the scheduler's job, or, without one, the manual recipe.
 void check_placement(const PlanOptions& o, const environments::Environ& environ, const strategies::StrategyContext& c) {
   if (!c.environment->creates_processes_externally()) {
@@ -273,6 +286,7 @@ ExecutionPlan resolve_plan(const PlanOptions& o, const environments::Environ& en
   LOCKSTEP_CHECK(o.num_nodes() >= 1, UsageError, "--num-nodes ", o.num_nodes(), " is not a node count: use 1 or more.");
   c.num_nodes = o.num_nodes();
   c.devices_per_node = devices_for(o, environ, *c.environment, c.accelerator, cuda_count, probe, c.gpu_ids);
+  c.num_nodes = nodes_for(o, *c.environment, c.devices_per_node);
   check_placement(o, environ, c);
   plan.precision = Precision::parse(o.precision(), c.accelerator);
   c.process_group_backend = backend_for(o, c.accelerator);

@@ -21,8 +21,10 @@
 #include <lockstep/checkpoint/state_dict.h>
 #include <lockstep/core/error.h>
 #include <lockstep/launchers/launcher.h>
+#include <lockstep/loggers/logger_options.h>
 #include <lockstep/trainer/trainer.h>
 
+#include "elastic_run.h"
 #include "trainer_internal.h"
 
 namespace lockstep {
@@ -185,6 +187,9 @@ c10::impl::GenericDict Trainer::checkpoint_state() const {
   loops.insert("next_epoch", epoch_completed_ ? current_epoch_ + 1 : current_epoch_);
   // Mid-epoch: the batches of this epoch already trained on (the sampler's order is the epoch's).
   loops.insert("next_batch", epoch_completed_ ? int64_t{0} : batches_done_);
+  // Whose batches next_batch counts: a job re-formed at another size finds its place in the epoch.
+  loops.insert("world_size", static_cast<int64_t>(plan_.strategy->world_size()));
+  loops.insert("epoch_batches", num_training_batches_);
   ckpt.insert("loops", loops);
   c10::impl::GenericDict callbacks(c10::StringType::get(), c10::AnyType::get());
   for (const auto& c : callbacks_) callbacks.insert(c->name(), c->state_dict());
@@ -390,12 +395,28 @@ std::string Trainer::last_checkpoint() const {
   return path;
 }
 
+std::optional<int64_t> Trainer::continued_version() const {
+  if (options_.ckpt_path() != "last" || !detail::under_restarting_launcher()) return std::nullopt;
+  return detail::version_with_last_checkpoint(
+      (std::filesystem::path(options_.default_root_dir()) / loggers::LoggerOptions("").name()).string());
+}
+
+void Trainer::start_attempt_record(bool resumed) {
+  if (!plan_.strategy->is_global_zero() || !detail::under_restarting_launcher()) return;
+  const int world = plan_.strategy->world_size();
+  if (const auto before = detail::read_attempt_progress(log_dir_)) {
+    std::cerr << detail::membership_line(*before, world, resumed ? resumed_path_ : "", resumed ? global_step_ : 0);
+  }
+  attempt_record_ = std::make_unique<detail::AttemptRecord>(log_dir_, world, global_step_);
+}
+
 bool Trainer::restore(const std::string& ckpt_path) {
   std::string path = ckpt_path;
   if (path == "last") {
     path = last_checkpoint();
     if (path.empty()) return false;
   }
+  resumed_path_ = path;
   auto ckpt = early_checkpoint_ && path == options_.ckpt_path()
                   ? *early_checkpoint_
                   : plan_.strategy->load_checkpoint(path, *checkpoint_io_, optimizer_config_.optimizers);
@@ -418,6 +439,13 @@ bool Trainer::restore(const std::string& ckpt_path) {
     const auto loops = ckpt.at("loops").toGenericDict();
     current_epoch_ = loops.at("next_epoch").toInt();
     resume_batch_ = loops.contains("next_batch") ? loops.at("next_batch").toInt() : 0;
+    // Saved within an epoch at another world size (an elastic job re-formed): the same place in
+    // the epoch's order of examples, at this size's batches.
+    if (loops.contains("world_size") && loops.contains("epoch_batches")) {
+      resume_batch_ = detail::next_batch_at(resume_batch_, static_cast<int>(loops.at("world_size").toInt()),
+                                            loops.at("epoch_batches").toInt(), plan_.strategy->world_size(),
+                                            num_training_batches_);
+    }
   });
   read_entry(path, "global_step", "an integer", [&] { global_step_ = ckpt.at("global_step").toInt(); });
   record_resume(path, ckpt.contains("log_dir") && ckpt.at("log_dir").isString() ? ckpt.at("log_dir").toStringRef() : "");

@@ -10,6 +10,7 @@
 #include <lockstep/loggers/logger.h>
 #include <lockstep/trainer/trainer.h>
 
+#include "elastic_run.h"
 #include "trainer_internal.h"
 
 namespace lockstep {
@@ -204,6 +205,8 @@ torch::Tensor Trainer::run_training_batch(DataLoader& train, int64_t i, bool ste
   }
   batches_done_ = i + 1;  // a checkpoint from here on resumes at the next batch
   if (step_now || !automatic) step_boundary_batch_ = batches_done_;
+  // Before the hooks: a checkpoint they write waits for every rank, and a lost one never answers.
+  if (attempt_record_) attempt_record_->at_step(global_step_);
   module_->on_train_batch_end(loss, batch, i);
   each_callback("on_train_batch_end", [&](Callback& c) { c.on_train_batch_end(*this, *module_, loss, i); });
   emit_step_metrics(false);

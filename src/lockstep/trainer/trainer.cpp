@@ -34,6 +34,7 @@
 #include <lockstep/launchers/launcher.h>
 #include <lockstep/loggers/csv_logger.h>
 
+#include "elastic_run.h"
 #include "trainer_internal.h"
 
 namespace lockstep {
@@ -240,14 +241,17 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
     at::globalContext().setBenchmarkCuDNN(options_.benchmark());
     note_benchmark();
     if (options_.fast_dev_run() > 0) suppress_for_fast_dev_run();
+    std::optional<int64_t> continued;
     if (!loggers_set_by_user_ && options_.fast_dev_run() == 0 && plan_.strategy->is_global_zero()) {
-      loggers_.push_back(std::make_shared<loggers::CSVLogger>(loggers::LoggerOptions(options_.default_root_dir())));
+      continued = continued_version();
+      loggers_.push_back(std::make_shared<loggers::CSVLogger>(
+          loggers::LoggerOptions(options_.default_root_dir()).version(continued)));
     }
     // Every rank needs the run directory (checkpoints), which rank 0's logger chose. Only rank 0
-    // asks its logger: asking claims a new version_N directory.
+    // asks its logger: asking claims a new version_N directory (or the continued one).
     const bool ask_logger = !loggers_.empty() && plan_.strategy->is_global_zero();
     const std::string mine = ask_logger ? loggers_.front()->log_dir() : options_.default_root_dir();
-    if (ask_logger) claimed_run_dir_ = mine;
+    if (ask_logger && !continued) claimed_run_dir_ = mine;
     log_dir_ = plan_.strategy->broadcast(c10::IValue(mine), 0).toStringRef();
     set_up_ = true;
   }
@@ -425,6 +429,7 @@ void Trainer::run_fit(const std::shared_ptr<TrainingModule>& module, const std::
   if (options_.detect_anomaly()) anomaly_mode.emplace();
   ProfiledStage profiled(profiler_.get(), "fit", plan_.strategy->global_rank(), log_dir_);
   const bool resuming = !options_.ckpt_path().empty() && restore(options_.ckpt_path());
+  start_attempt_record(resuming);
   if (plan_.strategy->is_global_zero()) {
     for (auto& logger : loggers_) logger->log_hyperparams(module_->hparams());
     if (!loggers_.empty()) save_program_config(log_dir_);

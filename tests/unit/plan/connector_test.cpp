@@ -413,6 +413,23 @@ TEST(ConnectorSchedulerDevices, EachProcessUsesTheGpuOfItsLocalRank) {
   EXPECT_EQ(plan.context.devices_per_node, 1);
 }
 
+// An elastic torchrun job (--nnodes 2:3) re-forms at another size, which its workers only see in
+// WORLD_SIZE: --num-nodes left at 1 takes the nodes the rendezvous formed; a count given must match.
+TEST(ConnectorSchedulerDevices, UnderTorchrunNumNodesLeftAtOneTakesTheNodesTheRendezvousFormed) {
+  FakeGpus gpus{{}};
+  const auto two_nodes = recorded("torchrun_one_proc_per_node_rank1.env");
+  auto plan = resolve_plan(PlanOptions().accelerator("cpu"), two_nodes, nullptr, 0, gpus.probe());
+  EXPECT_EQ(plan.context.num_nodes, 2);
+  EXPECT_EQ(plan.context.devices_per_node, 1);
+  const auto three_nodes = recorded("torchrun_one_proc_per_node_rank1.env", {{"WORLD_SIZE", "3"}, {"RANK", "2"},
+                                                                             {"GROUP_RANK", "2"}});
+  plan = resolve_plan(PlanOptions().accelerator("cpu"), three_nodes, nullptr, 0, gpus.probe());
+  EXPECT_EQ(plan.context.num_nodes, 3);
+  const auto message = error_of<environments::EnvironmentError>(
+      [&] { resolve_plan(PlanOptions().accelerator("cpu").num_nodes(2), three_nodes, nullptr, 0, gpus.probe()); });
+  EXPECT_NE(message.find("torchrun's WORLD_SIZE=3. Use --num-nodes 3"), std::string::npos) << message;
+}
+
 // Where the job and the options truly disagree, the message says what "auto" took and from where.
 TEST(ConnectorSchedulerDevices, ADisagreementSaysWhatAutoTookAndFromWhere) {
   FakeGpus gpus{{}};
