@@ -172,6 +172,11 @@ class Trainer : public TrainerView {
   /// After a failed fit, on rank 0: the run folder its loggers made, when nothing was written in it.
   void remove_empty_run_folder() noexcept;
   void record_resume(const std::string& path, const std::string& origin) const;
+  /// The run folder, chosen by rank 0's first logger (the default CSVLogger unless loggers were
+  /// added), on every rank.
+  void choose_log_dir();
+  /// A checkpoint's "loops": the epoch and batch to go on from, at this world size.
+  void restore_loops(const c10::impl::GenericDict& loops);
   /// Under a launcher that restarts the job: the version folder --ckpt-path last continues in.
   std::optional<int64_t> continued_version() const;
   /// Under a launcher that restarts the job, on rank 0: the line saying what the last attempt's

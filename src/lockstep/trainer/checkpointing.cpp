@@ -410,6 +410,18 @@ void Trainer::start_attempt_record(bool resumed) {
   attempt_record_ = std::make_unique<detail::AttemptRecord>(log_dir_, world, global_step_);
 }
 
+void Trainer::restore_loops(const c10::impl::GenericDict& loops) {
+  current_epoch_ = loops.at("next_epoch").toInt();
+  resume_batch_ = loops.contains("next_batch") ? loops.at("next_batch").toInt() : 0;
+  // Saved within an epoch at another world size (an elastic job re-formed): the same place in
+  // the epoch's order of examples, at this size's batches.
+  if (loops.contains("world_size") && loops.contains("epoch_batches")) {
+    resume_batch_ = detail::next_batch_at(resume_batch_, static_cast<int>(loops.at("world_size").toInt()),
+                                          loops.at("epoch_batches").toInt(), plan_.strategy->world_size(),
+                                          num_training_batches_);
+  }
+}
+
 bool Trainer::restore(const std::string& ckpt_path) {
   std::string path = ckpt_path;
   if (path == "last") {
@@ -435,18 +447,8 @@ bool Trainer::restore(const std::string& ckpt_path) {
   read_entry(path, "state_dict", "a dict of parameter and buffer names to tensors",
              [&] { plan_.strategy->load_module_state_dict(*module_, ckpt.at("state_dict").toGenericDict()); });
   restore_optimizers(ckpt, path);
-  read_entry(path, "loops", "a dict with the integer next_epoch (and next_batch)", [&] {
-    const auto loops = ckpt.at("loops").toGenericDict();
-    current_epoch_ = loops.at("next_epoch").toInt();
-    resume_batch_ = loops.contains("next_batch") ? loops.at("next_batch").toInt() : 0;
-    // Saved within an epoch at another world size (an elastic job re-formed): the same place in
-    // the epoch's order of examples, at this size's batches.
-    if (loops.contains("world_size") && loops.contains("epoch_batches")) {
-      resume_batch_ = detail::next_batch_at(resume_batch_, static_cast<int>(loops.at("world_size").toInt()),
-                                            loops.at("epoch_batches").toInt(), plan_.strategy->world_size(),
-                                            num_training_batches_);
-    }
-  });
+  read_entry(path, "loops", "a dict with the integer next_epoch (and next_batch)",
+             [&] { restore_loops(ckpt.at("loops").toGenericDict()); });
   read_entry(path, "global_step", "an integer", [&] { global_step_ = ckpt.at("global_step").toInt(); });
   record_resume(path, ckpt.contains("log_dir") && ckpt.at("log_dir").isString() ? ckpt.at("log_dir").toStringRef() : "");
   if (ckpt.contains("hyper_parameters") && plan_.strategy->is_global_zero()) {

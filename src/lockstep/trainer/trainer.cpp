@@ -241,18 +241,7 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
     at::globalContext().setBenchmarkCuDNN(options_.benchmark());
     note_benchmark();
     if (options_.fast_dev_run() > 0) suppress_for_fast_dev_run();
-    std::optional<int64_t> continued;
-    if (!loggers_set_by_user_ && options_.fast_dev_run() == 0 && plan_.strategy->is_global_zero()) {
-      continued = continued_version();
-      loggers_.push_back(std::make_shared<loggers::CSVLogger>(
-          loggers::LoggerOptions(options_.default_root_dir()).version(continued)));
-    }
-    // Every rank needs the run directory (checkpoints), which rank 0's logger chose. Only rank 0
-    // asks its logger: asking claims a new version_N directory (or the continued one).
-    const bool ask_logger = !loggers_.empty() && plan_.strategy->is_global_zero();
-    const std::string mine = ask_logger ? loggers_.front()->log_dir() : options_.default_root_dir();
-    if (ask_logger && !continued) claimed_run_dir_ = mine;
-    log_dir_ = plan_.strategy->broadcast(c10::IValue(mine), 0).toStringRef();
+    choose_log_dir();
     set_up_ = true;
   }
   add_default_callbacks();  // here, before fit restores a checkpoint into them
@@ -280,6 +269,21 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
                    "Use --precision bf16-mixed or 32-true, or automatic optimization.");
     scaler_.emplace();
   }
+}
+
+void Trainer::choose_log_dir() {
+  std::optional<int64_t> continued;
+  if (!loggers_set_by_user_ && options_.fast_dev_run() == 0 && plan_.strategy->is_global_zero()) {
+    continued = continued_version();
+    loggers_.push_back(std::make_shared<loggers::CSVLogger>(
+        loggers::LoggerOptions(options_.default_root_dir()).version(continued)));
+  }
+  // Every rank needs the run directory (checkpoints), which rank 0's logger chose. Only rank 0
+  // asks its logger: asking claims a new version_N directory (or the continued one).
+  const bool ask_logger = !loggers_.empty() && plan_.strategy->is_global_zero();
+  const std::string mine = ask_logger ? loggers_.front()->log_dir() : options_.default_root_dir();
+  if (ask_logger && !continued) claimed_run_dir_ = mine;
+  log_dir_ = plan_.strategy->broadcast(c10::IValue(mine), 0).toStringRef();
 }
 
 void Trainer::note_benchmark() const {
