@@ -77,7 +77,7 @@ int run(int argc, char** argv) {
   bool view = true;
   std::string start_method = "popen";
   std::string accelerator = "cpu";
-  double liveness_timeout = 30;
+  double liveness_timeout = 15;
   app.add_option("--model", model)->check(CLI::IsMember({"small", "25m", "cnn"}));
   app.add_option("--nproc-per-node", nproc)->check(CLI::Range(1, 1024));
   app.add_option("--steps", steps)->check(CLI::Range(1, 1 << 30));

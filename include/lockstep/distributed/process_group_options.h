@@ -58,8 +58,9 @@ struct ProcessGroupOptions {
   /// long, however long `timeout` is: every rank beats through the store from a background
   /// thread, and the ranks that find one silent for this long print which and exit with code 1,
   /// so that the launcher ends the job or torchrun's agent restarts it. A slow step is not
-  /// silence. Started by init() in jobs of two or more ranks; zero turns it off. Default: 30 s.
-  TORCH_ARG(std::chrono::milliseconds, liveness_timeout) = std::chrono::seconds(30);
+  /// silence. Started by init() in jobs of two or more ranks; zero turns it off. Default: 15 s
+  /// (torchrun's rendezvous keep-alive: 3 beats of 5 s), so that a job ends within 30 s.
+  TORCH_ARG(std::chrono::milliseconds, liveness_timeout) = std::chrono::seconds(15);
 };
 
 }  // namespace distributed

@@ -50,8 +50,8 @@ struct PlanOptions {
   TORCH_ARG(double, timeout) = 1800.0;
   /// Seconds after which a rank that stopped answering (its host gone, its process frozen) ends
   /// the job, naming it, however long `timeout` is; a slow step is not silence
-  /// (ProcessGroupOptions::liveness_timeout). 0 turns the watch off. Default: 30.
-  TORCH_ARG(double, liveness_timeout) = 30.0;
+  /// (ProcessGroupOptions::liveness_timeout). 0 turns the watch off. Default: 15.
+  TORCH_ARG(double, liveness_timeout) = 15.0;
   /// off|detail: with detail the ranks compare each collective's call (operation, tag, dtype,
   /// shape, number) before running it, and a difference stops every rank naming both calls (as
   /// LOCKSTEP_DISTRIBUTED_DEBUG=detail, PyTorch's TORCH_DISTRIBUTED_DEBUG). Default: "off".

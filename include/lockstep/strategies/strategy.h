@@ -45,7 +45,7 @@ struct StrategyContext {
   int num_nodes = 1;
   std::string process_group_backend = "gloo";
   double timeout_seconds = 1800;
-  double liveness_timeout_seconds = 30;
+  double liveness_timeout_seconds = 15;
   bool sync_batchnorm = false;
   /// --distributed-debug detail: collectives compare their calls across ranks first.
   bool check_collectives = false;

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <future>
 #include <memory>
 #include <thread>
 
@@ -62,24 +63,36 @@ void await_rank_zero(const std::string& address, int port, std::chrono::millisec
     }
     std::this_thread::sleep_for(milliseconds(100));
   }
-  // A throwaway connection: a wait that timed out leaves its late answer on the connection.
+  // A throwaway connection on a thread of its own, left behind if nothing answers: LibTorch 2.x's
+  // TCPStore constructor waits for the server's reply without a timeout.
   const auto answer_within = std::min<milliseconds>(kRankZeroAnswers, timeout);
-  try {
-    c10d::TCPStoreOptions options;
-    options.port = static_cast<std::uint16_t>(port);
-    options.isServer = false;
-    options.waitWorkers = false;
-    options.timeout = answer_within;
-    c10d::TCPStore probe(address, options);
-    probe.wait({"lockstep/join/world_size"}, answer_within);
-  } catch (const std::exception& e) {
-    throw DistributedError(who + ": rendezvous at " + endpoint + " failed after " +
-                           seconds(duration_cast<milliseconds>(steady_clock::now() - started)) +
-                           ": something accepts connections there, but it did not answer as rank 0 of a Lockstep job "
-                           "within " + seconds(answer_within) + " (" + message_of(e) + "). Port " +
-                           std::to_string(port) + " is taken by another program or job (rank 0 then fails with "
-                           "'already in use'): start every rank with a free MASTER_PORT.");
+  auto answer = std::make_shared<std::promise<std::string>>();  // "" when rank 0 answered
+  auto answered = answer->get_future();
+  std::thread([answer, address, port, answer_within] {
+    try {
+      c10d::TCPStoreOptions options;
+      options.port = static_cast<std::uint16_t>(port);
+      options.isServer = false;
+      options.waitWorkers = false;
+      options.timeout = answer_within;
+      c10d::TCPStore probe(address, options);
+      probe.wait({"lockstep/join/world_size"}, answer_within);
+      answer->set_value("");
+    } catch (const std::exception& e) {
+      answer->set_value(message_of(e));
+    }
+  }).detach();
+  std::string why = "no answer";
+  if (answered.wait_for(answer_within + milliseconds(500)) == std::future_status::ready) {
+    why = answered.get();
+    if (why.empty()) return;
   }
+  throw DistributedError(who + ": rendezvous at " + endpoint + " failed after " +
+                         seconds(duration_cast<milliseconds>(steady_clock::now() - started)) +
+                         ": something accepts connections there, but it did not answer as rank 0 of a Lockstep job "
+                         "within " + seconds(answer_within) + " (" + why + "). Port " + std::to_string(port) +
+                         " is taken by another program or job (rank 0 then fails with 'already in use'): start "
+                         "every rank with a free MASTER_PORT.");
 }
 
 }  // namespace detail

@@ -109,15 +109,21 @@ INSTANTIATE_TEST_SUITE_P(Ranks, KilledRank, ::testing::Values(2, 4),
 
 // A frozen rank (SIGSTOP; a host that vanished without closing its connections looks the same to
 // its peers) ends the job within 30 s, naming it, with the collective timeout left at 1800 s:
-// rank 1 of a self-launched job, and rank 0 under `lockstep launch` (whose launcher is apart).
+// rank 1 of a self-launched job with the default bound (15 s), and rank 0 under `lockstep launch`
+// (whose launcher is apart) with a bound of 5 s.
 TEST(FrozenRank, TheJobEndsNamingItWithinTheLivenessTimeout) {
   for (const bool launch : {false, true}) {
     testing::TempDir dir("lockstep_frozen_rank");
     std::vector<std::string> argv;
     if (launch) argv = {std::string(LOCKSTEP_BIN_DIR) + "/lockstep", "launch", "--nproc-per-node", "2", "--"};
     argv.insert(argv.end(), {program, "--out", dir.path(), "--default-root-dir", dir.path() + "/runs",
-                             "--liveness-timeout", "5", "--strategy", "ddp", "--max-epochs", "100000"});
-    if (!launch) argv.insert(argv.end(), {"--devices", "2"});
+                             "--strategy", "ddp", "--max-epochs", "100000"});
+    if (launch) {
+      argv.insert(argv.end(), {"--liveness-timeout", "5"});
+    } else {
+      argv.insert(argv.end(), {"--devices", "2"});
+    }
+    const std::string bound = launch ? "5" : "15";
     const int frozen = launch ? 0 : 1;
     const auto job = testing::start_command(argv, environment());
     ASSERT_GT(job.pid, 0);
@@ -145,7 +151,7 @@ TEST(FrozenRank, TheJobEndsNamingItWithinTheLivenessTimeout) {
     EXPECT_FALSE(any_alive);
     EXPECT_LT(seconds, 30.0) << result.err;
     EXPECT_NE(result.exit_code, 0) << result.err;
-    EXPECT_NE(result.err.find("rank " + std::to_string(frozen) + " stopped answering: no heartbeat for 5 s"),
+    EXPECT_NE(result.err.find("rank " + std::to_string(frozen) + " stopped answering: no heartbeat for " + bound + " s"),
               std::string::npos) << result.err;
   }
 }
