@@ -55,6 +55,10 @@ struct LivenessWatch::State {
   std::string rank_name(int r) const {
     return "rank " + std::to_string(r) + (hosts.empty() ? "" : " (" + hosts[r] + ")");
   }
+  std::string silence_of(int r) const {
+    return rank_name(r) + " stopped answering: no heartbeat for " + seconds(bound) + " (liveness timeout " +
+           seconds(bound) + ")";
+  }
   void judge(const std::string& what) {
     if (judged.exchange(true)) return;
     on_lost(who + ": " + what + ". Its host may be gone or its process frozen; this rank ends (exit code 1) so "
@@ -79,8 +83,7 @@ void LivenessWatch::State::beat() {
       if (rank == 0) {
         for (int r = 1; r < world_size; ++r) {
           if (!silent(r)) continue;
-          const std::string what = rank_name(r) + " stopped answering: no heartbeat for " + seconds(bound) +
-                                   " (liveness timeout " + seconds(bound) + ")";
+          const std::string what = silence_of(r);
           store->set(kVerdict, std::vector<uint8_t>(what.begin(), what.end()));
           std::this_thread::sleep_for(period * 3 / 2);  // the others read the verdict before the store ends
           judge(what);
@@ -91,8 +94,7 @@ void LivenessWatch::State::beat() {
         judge("rank 0 found that " + std::string(what.begin(), what.end()));
         return;
       } else if (silent(0)) {
-        judge(rank_name(0) + " stopped answering: no heartbeat for " + seconds(bound) + " (liveness timeout " +
-              seconds(bound) + ")");
+        judge(silence_of(0));
         return;
       } else if (seen[0] >= kLeft) {
         return;  // rank 0 left on purpose: nobody watches any more

@@ -397,8 +397,12 @@ std::string Trainer::last_checkpoint() const {
 
 std::optional<int64_t> Trainer::continued_version() const {
   if (options_.ckpt_path() != "last" || !detail::under_restarting_launcher()) return std::nullopt;
-  return detail::version_with_last_checkpoint(
-      (std::filesystem::path(options_.default_root_dir()) / loggers::LoggerOptions("").name()).string());
+  const auto runs = std::filesystem::path(options_.default_root_dir()) / loggers::LoggerOptions("").name();
+  const auto version = detail::version_with_last_checkpoint(runs.string());
+  if (!version || !detail::made_by_this_job((runs / ("version_" + std::to_string(*version))).string())) {
+    return std::nullopt;
+  }
+  return version;
 }
 
 void Trainer::start_attempt_record(bool resumed) {

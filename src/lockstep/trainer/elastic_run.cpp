@@ -37,6 +37,17 @@ std::optional<int64_t> version_with_last_checkpoint(const std::string& experimen
   return best;
 }
 
+std::string run_id() {
+  const char* id = std::getenv("TORCHELASTIC_RUN_ID");
+  return id == nullptr ? "" : id;
+}
+
+bool made_by_this_job(const std::string& log_dir) {
+  std::ifstream in(progress_file(log_dir));
+  std::string record, line;
+  return std::getline(in, record) && std::getline(in, line) && line == "run_id " + run_id();
+}
+
 std::optional<AttemptProgress> read_attempt_progress(const std::string& log_dir) {
   std::ifstream in(progress_file(log_dir));
   std::string world_key, step_key;
@@ -52,6 +63,12 @@ AttemptRecord::AttemptRecord(const std::string& log_dir, int world_size, int64_t
   fs::create_directories(log_dir, ignored);
   fd_ = ::open(progress_file(log_dir).c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
   at_step(global_step);
+  // The second line names the job, which alone continues this folder (another job, even one
+  // resuming from its checkpoint, makes a folder of its own).
+  const std::string id = "run_id " + run_id() + "\n";
+  if (fd_ >= 0 && ::pwrite(fd_, id.data(), id.size(), kRecordBytes) == static_cast<ssize_t>(id.size())) {
+    (void)::ftruncate(fd_, static_cast<off_t>(kRecordBytes + id.size()));
+  }
 }
 
 AttemptRecord::~AttemptRecord() {

@@ -18,6 +18,13 @@ bool under_restarting_launcher();
 /// (`<root>/lockstep_logs`), or nullopt when none saved one.
 std::optional<int64_t> version_with_last_checkpoint(const std::string& experiment_dir);
 
+/// This job's TORCHELASTIC_RUN_ID ("" without one).
+std::string run_id();
+
+/// Whether the run in `log_dir` was made by this job (its progress.txt names this run id): the
+/// attempts of one job continue one folder; a new job resuming from it starts its own.
+bool made_by_this_job(const std::string& log_dir);
+
 /// Where the previous attempt of the run in `log_dir` got to, from its progress.txt.
 struct AttemptProgress {
   int world_size = 0;
@@ -27,7 +34,7 @@ std::optional<AttemptProgress> read_attempt_progress(const std::string& log_dir)
 
 /// Rank 0's record of this attempt in `log_dir`/progress.txt: its world size and the last step
 /// it trained, rewritten in place after each step (one small pwrite, no fsync: a step costs no
-/// more than that; a lost host may lose the last step or so of the record).
+/// more than that; a lost host may lose the last step or so of the record), then the job's run id.
 class AttemptRecord {
  public:
   AttemptRecord(const std::string& log_dir, int world_size, int64_t global_step);

@@ -2,6 +2,7 @@
 // the job itself under torchrun is ElasticTorchrun.* (tests/unit/launchers).
 #include "../../../src/lockstep/trainer/elastic_run.h"
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -41,7 +42,8 @@ TEST(ElasticRun, TheAttemptRecordIsReadBackAndRewrittenInPlace) {
   ASSERT_TRUE(progress.has_value());
   EXPECT_EQ(progress->world_size, 3);
   EXPECT_EQ(progress->global_step, 1200);
-  EXPECT_EQ(fs::file_size(dir / "progress.txt"), 64u);
+  // One line of 64 bytes rewritten in place, then the run id (none here).
+  EXPECT_EQ(fs::file_size(dir / "progress.txt"), 64u + std::string("run_id \n").size());
   detail::AttemptRecord next(dir.path(), 2, 7);
   progress = detail::read_attempt_progress(dir.path());
   EXPECT_EQ(progress->world_size, 2);
@@ -68,6 +70,21 @@ TEST(ElasticRun, TheRunWithTheNewestLastCheckpointIsTheOneContinued) {
   std::ofstream(dir / "version_0/checkpoints/last.ckpt") << "0";
   std::ofstream(dir / "version_2/checkpoints/last.ckpt") << "2";
   EXPECT_EQ(detail::version_with_last_checkpoint(dir.path()), 2);  // version_10 saved none
+}
+
+// Only the job that made a run folder continues it: a new job (a new run id, as every
+// self-launch and `lockstep launch` has) resuming from its last.ckpt writes a folder of its own.
+TEST(ElasticRun, OnlyTheJobThatMadeTheFolderContinuesIt) {
+  TempDir dir("elastic_run");
+  ::setenv("TORCHELASTIC_RUN_ID", "job-a", 1);
+  { detail::AttemptRecord record(dir.path(), 2, 5); }
+  EXPECT_TRUE(detail::made_by_this_job(dir.path()));
+  EXPECT_EQ(detail::read_attempt_progress(dir.path())->global_step, 5);
+  ::setenv("TORCHELASTIC_RUN_ID", "job-b", 1);
+  EXPECT_FALSE(detail::made_by_this_job(dir.path()));
+  ::unsetenv("TORCHELASTIC_RUN_ID");
+  EXPECT_FALSE(detail::made_by_this_job(dir.path()));
+  EXPECT_FALSE(detail::made_by_this_job(dir.path() + "/none"));
 }
 
 }  // namespace

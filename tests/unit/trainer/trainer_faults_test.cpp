@@ -3,6 +3,7 @@
 // it writes checkpoints. The job must end, say which rank, and lose no checkpoint.
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -47,6 +48,15 @@ pid_t worker_with_rank(pid_t rank0, int rank) {
 
 bool alive(pid_t pid) { return ::kill(pid, 0) == 0; }
 
+// Whether every one of `pids` is gone by `deadline` (waits until then at most).
+bool all_gone(const std::vector<pid_t>& pids, std::chrono::steady_clock::time_point deadline) {
+  while (std::any_of(pids.begin(), pids.end(), alive)) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(10ms);
+  }
+  return true;
+}
+
 std::map<std::string, std::string> environment() {
   return {{"PATH", "/usr/bin:/bin"}, {"OMP_NUM_THREADS", "1"}, {"LOCKSTEP_NO_BLAS_WARNING", "1"}};
 }
@@ -88,12 +98,7 @@ TEST_P(KilledRank, TheJobEndsNamingTheRankWithinThirtySeconds) {
     const auto killed = std::chrono::steady_clock::now();
     ::kill(victim, SIGKILL);
     const auto result = testing::finish_command(job, 60s);
-    bool any_alive = true;
-    while (any_alive && std::chrono::steady_clock::now() - killed < 60s) {
-      any_alive = false;
-      for (pid_t pid : everyone) any_alive = any_alive || alive(pid);
-      if (any_alive) std::this_thread::sleep_for(10ms);
-    }
+    const bool any_alive = !all_gone(everyone, killed + 60s);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
     std::cerr << "[ measured ] " << ranks << " ranks, rank 1 killed at " << moment << ": every process gone after "
               << seconds << " s\n";
@@ -138,12 +143,7 @@ TEST(FrozenRank, TheJobEndsNamingItWithinTheLivenessTimeout) {
     const auto stopped = std::chrono::steady_clock::now();
     ::kill(victim, SIGSTOP);
     const auto result = testing::finish_command(job, 60s);
-    bool any_alive = true;
-    while (any_alive && std::chrono::steady_clock::now() - stopped < 60s) {
-      any_alive = false;
-      for (pid_t pid : everyone) any_alive = any_alive || alive(pid);
-      if (any_alive) std::this_thread::sleep_for(10ms);
-    }
+    const bool any_alive = !all_gone(everyone, stopped + 60s);
     if (any_alive) ::kill(victim, SIGKILL);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
     std::cerr << "[ measured ] rank " << frozen << (launch ? " under lockstep launch" : " self-launched")
