@@ -290,7 +290,6 @@ c10::intrusive_ptr<c10d::Store> connect_tcp_store(const ProcessGroupOptions& opt
   return store;
 }
 
-
 // A second connection to the job's store for the liveness watch's threads: the first may be
 // blocked for the whole timeout in a wait of the main thread.
 c10::intrusive_ptr<c10d::Store> second_connection(const ProcessGroupOptions& options) {
