@@ -16,6 +16,7 @@ namespace bench {
 // seven hidden layers of 4096, so that no unit is more than a sixth of the model, as in a deep
 // network; "100m-wide" (107.2M) puts two thirds of it in one 8192 x 8192 layer.
 inline std::vector<int64_t> widths(const std::string& model) {
+  if (model == "small") return {784, 512, 256, 10};  // bench_ddp's (bench_checkpoint_cost)
   if (model == "25m") return {784, 4096, 4096, 1024, 10};
   if (model == "100m") return {784, 4096, 4096, 4096, 4096, 4096, 4096, 4096, 10};
   return {784, 8192, 8192, 4096, 10};

@@ -28,6 +28,8 @@
 #include <lockstep/cli/trainer_flags.h>
 #include <lockstep/trainer/trainer.h>
 
+#include "../fsdp/mlp.h"
+
 namespace {
 
 using namespace lockstep;
@@ -35,28 +37,17 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 // The benches' MLPs: "small" is bench_ddp's and the Fashion-MNIST example's 784-512-256-10
-// (0.5M parameters), "25m" bench_ddp's 24.2M MLP (bench/fsdp/mlp.h).
-std::vector<int64_t> widths(const std::string& model) {
-  if (model == "small") return {784, 512, 256, 10};
-  return {784, 4096, 4096, 1024, 10};
-}
-
+// (0.5M parameters), "25m" bench_ddp's 24.2M MLP (bench/fsdp/mlp.h's).
 struct Mlp : TrainingModule {
-  explicit Mlp(const std::string& model) {
-    const auto w = widths(model);
-    for (size_t i = 0; i + 1 < w.size(); ++i) {
-      layers->push_back(torch::nn::Linear(w[i], w[i + 1]));
-      if (i + 2 < w.size()) layers->push_back(torch::nn::ReLU());
-    }
-    register_module("layers", layers);
-  }
+  explicit Mlp(const std::string& model)
+      : net(register_module("net", std::make_shared<bench::NetImpl>(model))) {}
   torch::Tensor training_step(Batch& batch, int64_t) override {
-    return torch::nn::functional::cross_entropy(layers->forward(batch.data), batch.target);
+    return torch::nn::functional::cross_entropy(net->forward(batch.data), batch.target);
   }
   OptimizerConfig configure_optimizers() override {
     return std::make_shared<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(1e-3));
   }
-  torch::nn::Sequential layers;
+  std::shared_ptr<bench::NetImpl> net;
 };
 
 // When each training batch's hooks began (added before the checkpoint callback).
