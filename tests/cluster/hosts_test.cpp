@@ -12,6 +12,7 @@
 
 #include <lockstep/launchers/worker_environment.h>
 
+#include "namespaced_hosts.h"
 #include "../support/command.h"
 #include "../support/paths.h"
 #include "../support/temp_dir.h"
@@ -21,72 +22,12 @@ namespace lockstep {
 namespace hosts_test {
 namespace {
 
-const std::string nodes_script = std::string(LOCKSTEP_SOURCE_DIR) + "/tests/cluster/nodes";
 const std::string bin = LOCKSTEP_BIN_DIR;
 const std::string trainer_program = bin + "/../tests/trainer_program";
+const std::string& nodes_script = testing::nodes_script();
+std::map<std::string, std::string> environment() { return testing::cluster_environment(); }
 
-std::map<std::string, std::string> environment() {
-  return {{"PATH", "/usr/sbin:/usr/bin:/sbin:/bin"}, {"OMP_NUM_THREADS", "1"}, {"LOCKSTEP_NO_BLAS_WARNING", "1"}};
-}
-
-// Namespaced nodes for one test, removed at its end whatever happens.
-class Hosts : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    const auto check = testing::run_command({nodes_script, "check"}, environment(), std::chrono::seconds(20));
-    if (check.exit_code != 0) skip_reason() = "network namespaces cannot be made here: " + check.out + check.err;
-  }
-  static std::string& skip_reason() {
-    static std::string reason;
-    return reason;
-  }
-
-  void SetUp() override {
-    if (!skip_reason().empty()) GTEST_SKIP() << skip_reason();
-  }
-  void TearDown() override {
-    if (up_) nodes({"down", name_});
-  }
-
-  // N nodes, named after this process so that runs never share them.
-  void make_nodes(int n) {
-    nodes({"down", name_});  // leftovers of a killed run with the same pid
-    const auto made = nodes({"up", name_, std::to_string(n)});
-    up_ = true;
-    ASSERT_EQ(made.exit_code, 0) << made.err;
-  }
-  std::string address(int node) {
-    return testing::run_command({nodes_script, "addr", name_, std::to_string(node)}, environment()).out_lines().at(0);
-  }
-  testing::CommandResult nodes(std::vector<std::string> args) {
-    args.insert(args.begin(), nodes_script);
-    return testing::run_command(args, environment(), std::chrono::seconds(30));
-  }
-
-  // Starts `program` under `lockstep launch` on each node (node r with procs[r] workers); returns
-  // what each node's launcher said.
-  std::vector<testing::CommandResult> launch(const std::vector<int>& procs, const std::vector<std::string>& program,
-                                             std::map<std::string, std::string> env = {},
-                                             std::chrono::seconds timeout = std::chrono::seconds(120)) {
-    const std::string port = std::to_string(launchers::find_free_port());
-    for (const auto& [k, v] : environment()) env.emplace(k, v);
-    std::vector<testing::StartedCommand> started;
-    for (size_t r = 0; r < procs.size(); ++r) {
-      std::vector<std::string> argv{nodes_script, "run", name_, std::to_string(r), bin + "/lockstep", "launch",
-                                    "--nnodes", std::to_string(procs.size()), "--node-rank", std::to_string(r),
-                                    "--nproc-per-node", std::to_string(procs[r]), "--master-addr", address(0),
-                                    "--master-port", port, "--grace-period", "2", "--"};
-      argv.insert(argv.end(), program.begin(), program.end());
-      started.push_back(testing::start_command(argv, env));
-    }
-    std::vector<testing::CommandResult> results;
-    for (const auto& s : started) results.push_back(testing::finish_command(s, timeout));
-    return results;
-  }
-
-  const std::string name_ = "ls" + std::to_string(::getpid() % 100000);
-  bool up_ = false;
-};
+using Hosts = testing::NamespacedHosts;
 
 using testing::max_diff;
 using testing::written_parameters;

@@ -25,8 +25,8 @@
 // mid-epoch), and each rank appends
 // "<global step> <world size> <unix ms>" to DIR/steps.<rank> after each batch, and each process
 // "<unix ms> <RANK> <WORLD_SIZE>" to DIR/starts when it starts. --keep-resumed: a run that resumed
-// copies, on rank 0 when fit starts, the last.ckpt it resumed to DIR/resumed.<step>.ckpt and its
-// weights to DIR/resumed.<step>.pt (a later attempt of the job overwrites last.ckpt).
+// copies, on rank 0 when fit starts, the last.ckpt it resumed (a file, or a sharded checkpoint's
+// directory) to DIR/resumed.<step>.ckpt (a later attempt of the job overwrites last.ckpt).
 #include <unistd.h>
 
 #include <chrono>
@@ -133,16 +133,15 @@ struct SlowSteps : lockstep::Callback {
   int ms;
 };
 
-// Keeps the checkpoint a resumed run started from, and the weights it loaded.
+// Keeps the checkpoint a resumed run started from.
 struct KeepResumed : lockstep::Callback {
   explicit KeepResumed(std::string out) : out(std::move(out)) {}
   std::string name() const override { return "KeepResumed"; }
-  void on_fit_start(lockstep::TrainerView& trainer, lockstep::TrainingModule& module) override {
+  void on_fit_start(lockstep::TrainerView& trainer, lockstep::TrainingModule&) override {
     if (trainer.global_rank() != 0 || trainer.global_step() == 0) return;
-    const std::string step = std::to_string(trainer.global_step());
-    std::filesystem::copy_file(trainer.log_dir() + "/checkpoints/last.ckpt", out + "/resumed." + step + ".ckpt",
-                               std::filesystem::copy_options::overwrite_existing);
-    torch::save(module.parameters(), out + "/resumed." + step + ".pt");
+    const std::string copy = out + "/resumed." + std::to_string(trainer.global_step()) + ".ckpt";
+    std::filesystem::remove_all(copy);
+    std::filesystem::copy(trainer.log_dir() + "/checkpoints/last.ckpt", copy, std::filesystem::copy_options::recursive);
   }
   std::string out;
 };

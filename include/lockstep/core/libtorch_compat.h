@@ -42,6 +42,10 @@ constexpr const char* kNcclAsyncErrorHandling = "TORCH_NCCL_ASYNC_ERROR_HANDLING
 constexpr const char* kNcclAsyncErrorHandling = "NCCL_ASYNC_ERROR_HANDLING";
 #endif
 
+/// Whether this build's TCPStore client speaks the protocol of PyTorch 2.x's store servers (which
+/// close a connection whose first request is not their validation): not LibTorch 1.x's.
+constexpr bool kSpeaksTorch2StoreProtocol = TORCH_VERSION_MAJOR >= 2;
+
 /// A parameter's gradient accumulator, as torch::autograd::impl::grad_accumulator returns it:
 /// std::shared_ptr in LibTorch 1.x, c10::intrusive_ptr in 2.x. Holding one keeps every forward's
 /// graph reaching the same node (DDP's and FSDP's gradient hooks sit on it).

@@ -48,7 +48,7 @@ class ProcessGroup {
  public:
   /// Rendezvous through a TCPStore hosted by rank 0 at main_address:main_port, then create the
   /// backend. With use_agent_store, every rank instead joins the store torchrun's agent hosts
-  /// there, under "/worker/attempt_<restart_count>"; with store_file, the ranks meet in that file
+  /// there, under a prefix of this rendezvous round's; with store_file, the ranks meet in that file
   /// and Gloo binds to loopback (a job on one machine). Fails with DistributedError after
   /// `timeout` if some rank (or the agent's store) never answers. Creating a group sets SIGPIPE
   /// to ignored when it has its default action (as Python does), so that a peer that went away

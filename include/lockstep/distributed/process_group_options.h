@@ -28,12 +28,10 @@ struct ProcessGroupOptions {
   TORCH_ARG(int, main_port) = 29500;
   /// The launcher's agent already hosts the TCPStore at main_address:main_port (torchrun's
   /// default static rendezvous sets TORCHELASTIC_USE_AGENT_STORE=True), so every rank, rank 0
-  /// included, joins it as a client. Default: false (rank 0 hosts the store).
+  /// included, joins it as a client. The ranks of each rendezvous round first agree on a prefix
+  /// no earlier round used, and keep their keys under it: PyTorch 2.x's agent keeps one store for
+  /// the whole job. Default: false (rank 0 hosts the store).
   TORCH_ARG(bool, use_agent_store) = false;
-  /// With use_agent_store, the ranks' keys live under "/worker/attempt_<restart_count>" of the
-  /// agent's store, as in PyTorch, so that workers the agent restarted never read the keys of
-  /// the attempt before. Default: 0 (TORCHELASTIC_RESTART_COUNT).
-  TORCH_ARG(int, restart_count) = 0;
   /// A job on one machine: the ranks meet in this file (a c10d FileStore, in a folder only this
   /// user can open) instead of a TCPStore, and Gloo binds to loopback, so the job listens on no
   /// network interface (LibTorch 1.13's TCPStore listens on all of them, whatever main_address

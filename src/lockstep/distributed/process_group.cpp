@@ -19,6 +19,7 @@
 #include <lockstep/core/error.h>
 #include <lockstep/distributed/network_route.h>
 
+#include "agent_store_round.h"
 #include "liveness_watch.h"
 #include "rank_zero_probe.h"
 #include "wait_for.h"
@@ -41,11 +42,6 @@ void validate(const ProcessGroupOptions& o) {
   if (o.main_port() < 1 || o.main_port() > 65535) {
     throw DistributedError("main_port=" + std::to_string(o.main_port()) +
                            " is not a TCP port: use 1..65535 (MASTER_PORT).");
-  }
-  if (o.restart_count() < 0) {
-    throw DistributedError("restart_count=" + std::to_string(o.restart_count()) +
-                           " is not an attempt number: it counts restarts from 0 "
-                           "(TORCHELASTIC_RESTART_COUNT).");
   }
   if (o.cuda_device() >= 0 && o.backend() != "nccl") {
     throw UsageError("cuda_device=" + std::to_string(o.cuda_device()) + " is for the nccl backend, which communicates "
@@ -238,13 +234,14 @@ c10::intrusive_ptr<c10d::Store> open_file_store(const ProcessGroupOptions& optio
   }
 }
 
-// Rank 0's store (hosted by rank 0, or torchrun's agent's), once every rank joined it.
-c10::intrusive_ptr<c10d::Store> connect_tcp_store(const ProcessGroupOptions& options) {
+// Rank 0's store (hosted by rank 0, or torchrun's agent's), once every rank joined it. Under the
+// agent's store, `round` becomes this round's key prefix there.
+c10::intrusive_ptr<c10d::Store> connect_tcp_store(const ProcessGroupOptions& options, std::string& round) {
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<std::uint16_t>(options.main_port());
   store_options.timeout = options.timeout();
-  // Under torchrun's agent every rank is a client of the agent's store, which stays up for the
-  // whole job: nobody waits for workers, and nothing is written outside this attempt's prefix.
+  // Under torchrun's agent every rank is a client of the agent's store, which may serve the whole
+  // job: nobody waits for workers, and nothing is written outside this round's prefix.
   // Otherwise join_world, not the store, waits for the ranks: it also refuses ranks of another size.
   store_options.isServer = options.rank() == 0 && !options.use_agent_store();
   store_options.waitWorkers = false;
@@ -282,8 +279,10 @@ c10::intrusive_ptr<c10d::Store> connect_tcp_store(const ProcessGroupOptions& opt
                            ": rendezvous at " + endpoint + " " + how + " (" + what + "). " + check);
   }
   if (options.use_agent_store()) {
-    store = c10::make_intrusive<c10d::PrefixStore>(
-        "/worker/attempt_" + std::to_string(options.restart_count()), store);
+    round = detail::agree_on_round(store, options.rank(), options.world_size(), options.timeout(),
+                                   "rank " + std::to_string(options.rank()) + "/" + std::to_string(options.world_size()),
+                                   endpoint);
+    store = c10::make_intrusive<c10d::PrefixStore>(round, store);
   } else {
     join_world(*store, options, endpoint);
   }
@@ -292,7 +291,7 @@ c10::intrusive_ptr<c10d::Store> connect_tcp_store(const ProcessGroupOptions& opt
 
 // A second connection to the job's store for the liveness watch's threads: the first may be
 // blocked for the whole timeout in a wait of the main thread.
-c10::intrusive_ptr<c10d::Store> second_connection(const ProcessGroupOptions& options) {
+c10::intrusive_ptr<c10d::Store> second_connection(const ProcessGroupOptions& options, const std::string& round) {
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<std::uint16_t>(options.main_port());
   store_options.timeout = options.timeout();
@@ -300,7 +299,7 @@ c10::intrusive_ptr<c10d::Store> second_connection(const ProcessGroupOptions& opt
   store_options.waitWorkers = false;
   c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(options.main_address(), store_options);
   if (!options.use_agent_store()) return store;
-  return c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(options.restart_count()), store);
+  return c10::make_intrusive<c10d::PrefixStore>(round, store);
 }
 
 }  // namespace
@@ -341,10 +340,11 @@ std::shared_ptr<ProcessGroup> ProcessGroup::init(const ProcessGroupOptions& opti
     group->watch_liveness(store, options, "the job's store file");
     return group;
   }
-  auto group = init_with_store(connect_tcp_store(options), options);
+  std::string round;
+  auto group = init_with_store(connect_tcp_store(options, round), options);
   const std::string endpoint = options.main_address() + ":" + std::to_string(options.main_port());
   if (options.world_size() > 1 && options.liveness_timeout().count() > 0) {
-    group->watch_liveness(second_connection(options), options,
+    group->watch_liveness(second_connection(options, round), options,
                           (options.use_agent_store() ? "torchrun's store at " : "rank 0's store at ") + endpoint);
   }
   return group;

@@ -220,7 +220,6 @@ distributed::ProcessGroupOptions ClusterEnvironment::process_group_options() con
       .main_address(main_address())
       .main_port(main_port())
       .use_agent_store(use_agent_store())
-      .restart_count(restart_count())
       .store_file(store_file());
 }
 

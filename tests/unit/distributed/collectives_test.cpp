@@ -443,7 +443,6 @@ TEST(ProcessGroupOptions, BadValuesAreClearErrors) {
   expect_error(ProcessGroupOptions(0, 1).backend("nccl"), "--process-group-backend gloo");
   expect_error(ProcessGroupOptions(0, 1).backend("mpi"), "not available");
   expect_error(ProcessGroupOptions(0, 1).main_port(70000), "main_port=70000");
-  expect_error(ProcessGroupOptions(0, 1).restart_count(-1), "restart_count=-1");
 }
 
 }  // namespace

@@ -59,15 +59,10 @@ int closed_port() {
   return ntohs(address.sin_port);
 }
 
-// Options of `rank` as torchrun's static rendezvous gives them: every rank joins the agent's
-// store of attempt `restart_count`.
-ProcessGroupOptions under_torchrun(int rank, int world_size, int port, int restart_count) {
-  return ProcessGroupOptions(rank, world_size)
-      .main_address("127.0.0.1")
-      .main_port(port)
-      .use_agent_store(true)
-      .restart_count(restart_count)
-      .timeout(20s);
+// Options of `rank` as torchrun gives them with TORCHELASTIC_USE_AGENT_STORE=True: every rank
+// joins the agent's store.
+ProcessGroupOptions under_torchrun(int rank, int world_size, int port) {
+  return ProcessGroupOptions(rank, world_size).main_address("127.0.0.1").main_port(port).use_agent_store(true).timeout(20s);
 }
 
 // Runs `world_size` ranks as threads through ProcessGroup::init; rethrows the first failure.
@@ -92,35 +87,38 @@ std::string value_of(c10d::Store& store, const std::string& key) {
 
 class AgentStore : public ::testing::TestWithParam<int> {};
 
-TEST_P(AgentStore, EveryRankJoinsTheAgentsStoreUnderTheAttemptPrefix) {
+TEST_P(AgentStore, EveryRankJoinsTheAgentsStoreUnderTheRoundsPrefix) {
   const int world_size = GetParam();
   auto agent = start_agent_store();
   run_ranks(
-      world_size, [&](int rank) { return under_torchrun(rank, world_size, agent->getPort(), 3); },
-      [](ProcessGroup& group) { all_reduce_and_probe(group, "3"); });
+      world_size, [&](int rank) { return under_torchrun(rank, world_size, agent->getPort()); },
+      [](ProcessGroup& group) { all_reduce_and_probe(group, "1"); });
   for (int rank = 0; rank < world_size; ++rank) {
     const std::string key = "lockstep/world/probe/" + std::to_string(rank);
-    EXPECT_TRUE(agent->check({"/worker/attempt_3/" + key})) << "rank " << rank;
+    EXPECT_TRUE(agent->check({"lockstep/round_1/" + key})) << "rank " << rank;
     EXPECT_FALSE(agent->check({key})) << "rank " << rank;
   }
 }
 
-TEST_P(AgentStore, ARestartedAttemptMeetsUnderItsOwnKeys) {
-  // The agent's store outlives the workers it restarts: attempt 4 must not read (nor overwrite)
-  // attempt 3's keys, whose gloo addresses name sockets that are gone.
+TEST_P(AgentStore, EachRoundMeetsUnderItsOwnKeys) {
+  // PyTorch 2.x's agent keeps its store for the whole job, and a round that re-forms the job
+  // after a node joined has the same TORCHELASTIC_RESTART_COUNT: each round must neither read
+  // nor overwrite the keys of the rounds before, whose gloo addresses name sockets that are gone.
+  // The job shrinks to 2 ranks and grows back.
   const int world_size = GetParam();
   auto agent = start_agent_store();
-  for (int attempt : {3, 4}) {
+  const std::vector<int> sizes{world_size, 2, world_size};
+  for (size_t round = 1; round <= sizes.size(); ++round) {
+    const int size = sizes[round - 1];
     run_ranks(
-        world_size,
-        [&](int rank) { return under_torchrun(rank, world_size, agent->getPort(), attempt); },
-        [&](ProcessGroup& group) { all_reduce_and_probe(group, std::to_string(attempt)); });
+        size, [&](int rank) { return under_torchrun(rank, size, agent->getPort()); },
+        [&](ProcessGroup& group) { all_reduce_and_probe(group, std::to_string(round)); });
   }
-  for (int attempt : {3, 4}) {
-    for (int rank = 0; rank < world_size; ++rank) {
+  for (size_t round = 1; round <= sizes.size(); ++round) {
+    for (int rank = 0; rank < sizes[round - 1]; ++rank) {
       const std::string key =
-          "/worker/attempt_" + std::to_string(attempt) + "/lockstep/world/probe/" + std::to_string(rank);
-      EXPECT_EQ(value_of(*agent, key), std::to_string(attempt)) << key;
+          "lockstep/round_" + std::to_string(round) + "/lockstep/world/probe/" + std::to_string(rank);
+      EXPECT_EQ(value_of(*agent, key), std::to_string(round)) << key;
     }
   }
 }
@@ -148,7 +146,7 @@ TEST(AgentStore, RankZeroThatHostsFindsThePortTaken) {
 TEST(AgentStore, NoAgentIsAnErrorWithinTheTimeout) {
   const auto start = std::chrono::steady_clock::now();
   try {
-    ProcessGroup::init(under_torchrun(0, 2, closed_port(), 0).timeout(1s));
+    ProcessGroup::init(under_torchrun(0, 2, closed_port()).timeout(1s));
     ADD_FAILURE() << "rendezvous without an agent succeeded";
   } catch (const DistributedError& e) {
     const std::string message = e.what();

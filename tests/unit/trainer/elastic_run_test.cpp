@@ -1,5 +1,5 @@
 // What an elastic job's restarted attempts read and print (src/lockstep/trainer/elastic_run.h);
-// the job itself under torchrun is ElasticTorchrun.* (tests/unit/launchers).
+// the job itself under torchrun is ElasticHosts.* (tests/cluster).
 #include "../../../src/lockstep/trainer/elastic_run.h"
 
 #include <cstdlib>
