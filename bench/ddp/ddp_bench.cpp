@@ -4,9 +4,13 @@
 // --accelerator cuda puts rank r on GPU r % (GPU count), so 2 ranks can share one GPU through
 // Gloo's CUDA path (scripts/gpu-check).
 // Prints one JSON line on rank 0: steps/s over the timed steps, the final loss, the wall-clock
-// time (Unix seconds) when rank 0's first optimizer step returned, and every rank's peak RSS.
+// time (Unix seconds) when rank 0's first optimizer step returned, every rank's peak RSS, and the
+// share of the timed section's CPU time (all ranks) that the liveness watch's threads used.
 // bench/run runs it beside the Python side and compares.
 #include <sys/resource.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include <chrono>
 #include <iostream>
@@ -25,6 +29,21 @@
 namespace {
 
 using namespace lockstep;
+
+// Seconds this process's threads named ls-alive-* (the liveness watch's) have run on a CPU
+// (/proc/self/task/*/schedstat: nanoseconds, exact, unlike the 10 ms ticks of stat).
+double liveness_cpu_seconds() {
+  double total = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::string name;
+    std::getline(std::ifstream(task.path() / "comm"), name);
+    if (name.rfind("ls-alive", 0) != 0) continue;
+    double ns = 0;
+    std::ifstream(task.path() / "schedstat") >> ns;
+    total += ns / 1e9;
+  }
+  return total;
+}
 
 // Linear widths: "small" is the Fashion-MNIST MLP; "25m" has 24.2M parameters; "cnn" is the
 // linear head of examples/fashion_mnist's CNN.
@@ -138,10 +157,13 @@ int run(int argc, char** argv) {
   const double first_step_unix = unix_seconds();
   for (int i = 1; i < warmup; ++i) step(i);
   distributed::barrier(*group, "timed_start");
+  const double watch_start = liveness_cpu_seconds();
   const auto start = std::chrono::steady_clock::now();
   for (int i = warmup; i < warmup + steps; ++i) step(i);
   distributed::barrier(*group, "timed_end");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  auto watch_cpu = distributed::all_reduce(
+      *group, torch::tensor({liveness_cpu_seconds() - watch_start}, torch::kFloat64), distributed::ReduceOp::sum);
   auto loss = distributed::all_reduce(*group, torch::tensor({loss_value}, torch::kFloat64));
   rusage usage{};
   ::getrusage(RUSAGE_SELF, &usage);  // ru_maxrss: KiB on Linux
@@ -167,6 +189,7 @@ int run(int argc, char** argv) {
                                 {"steps_per_s", steps / seconds},
                                 {"loss", loss.item<double>()},
                                 {"first_step_unix", first_step_unix},
+                                {"liveness_cpu_share", watch_cpu.item<double>() / (seconds * group->world_size())},
                                 {"gradient_transport", transport},
                                 {"gradient_transport_by_rank", transports},
                                 {"peak_rss_mb", std::vector<double>(rss.data_ptr<double>(),

@@ -142,12 +142,19 @@ TEST(BenchRun, QuickRunWritesEverySection) {
     EXPECT_GT(v["checkpoint_mb"].get<double>(), 280) << side;
   }
 
-  // Section 12: the liveness watch on and off, the same final loss.
+  // Section 12: the liveness watch on, off and 50x as often, the same final loss.
   const auto& l = j["liveness"];
   EXPECT_FALSE(l.contains("error")) << l.dump();
   expect_positive(l["on_steps_per_s"], "liveness on_steps_per_s");
   expect_positive(l["off_steps_per_s"], "liveness off_steps_per_s");
+  expect_positive(l["fast_steps_per_s"], "liveness fast_steps_per_s");
   expect_positive(l["ratio"], "liveness ratio");
+  expect_positive(l["fast_ratio"], "liveness fast_ratio");
+  EXPECT_EQ(l["round_ratios"].size(), l["pairs"].get<size_t>()) << l.dump();
+  // The watch's threads ran, and beating 50x as often they ran more.
+  EXPECT_GE(l["cpu_share"].get<double>(), 0.0) << l.dump();
+  EXPECT_LT(l["cpu_share"].get<double>(), 0.01) << l.dump();
+  EXPECT_GT(l["fast_cpu_share"].get<double>(), l["cpu_share"].get<double>()) << l.dump();
 }
 
 TEST(BenchRun, BadInputIsOneMessageAndExitTwo) {

@@ -1,5 +1,7 @@
 #include "liveness_watch.h"
 
+#include <pthread.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -144,11 +146,14 @@ LivenessWatch::LivenessWatch(c10::intrusive_ptr<c10d::Store> store, int rank, in
   state_->beat_finished = state_->beat_done.get_future();
   state_->monitor_finished = state_->monitor_done.get_future();
   // Each thread holds the state: one stuck in a store call is left behind, not waited for.
+  // Named, so that top -H and bench_ddp (its liveness_cpu_share) find them.
   beat_ = std::thread([state = state_] {
+    ::pthread_setname_np(::pthread_self(), "ls-alive-beat");
     state->beat();
     state->beat_done.set_value();
   });
   monitor_ = std::thread([state = state_] {
+    ::pthread_setname_np(::pthread_self(), "ls-alive-watch");
     state->monitor();
     state->monitor_done.set_value();
   });
