@@ -81,9 +81,10 @@ std::string follow(c10d::Store& store, int rank, const std::string& word,
 // of its caller's by reference), from a thread of its own that is left behind if the store does
 // not answer within kRankZeroAnswers: LibTorch 1.x's client waits without end for an answer that
 // PyTorch 2.x's store never gives, as it waits for its own protocol's greeting first. Throws
-// std::runtime_error with the store's error, or DistributedError `silent` when nothing answered.
+// DistributedError with `failed` of what went wrong.
 std::string first_answer(const c10::intrusive_ptr<c10d::Store>& store,
-                         const std::function<std::string(c10d::Store&)>& request, const std::string& silent) {
+                         const std::function<std::string(c10d::Store&)>& request,
+                         const std::function<std::string(const std::string&)>& failed) {
   auto answer = std::make_shared<std::promise<std::pair<bool, std::string>>>();  // (answered, answer or error)
   auto answered = answer->get_future();
   std::thread([store, request, answer] {
@@ -93,9 +94,11 @@ std::string first_answer(const c10::intrusive_ptr<c10d::Store>& store,
       answer->set_value({false, message_of(e)});
     }
   }).detach();
-  if (answered.wait_for(kRankZeroAnswers) != std::future_status::ready) throw DistributedError(silent);
+  if (answered.wait_for(kRankZeroAnswers) != std::future_status::ready) {
+    throw DistributedError(failed("gave no answer within " + seconds(kRankZeroAnswers)));
+  }
   const auto [ok, text] = answered.get();
-  if (!ok) throw std::runtime_error(text);
+  if (!ok) throw DistributedError(failed("failed a request (" + text + ")"));
   return text;
 }
 
@@ -112,27 +115,27 @@ std::string agree_on_round(const c10::intrusive_ptr<c10d::Store>& store, int ran
           "does not speak that store's protocol: start torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
           "(rank 0 then hosts the job's store), or use the torchrun of the torch this build has.";
   }
+  const auto failed = [&](const std::string& what) {
+    return who + ": torchrun's store at " + endpoint + " " + what + ". " + fix;
+  };
   try {
-    const std::string silent = who + ": torchrun's store at " + endpoint + " gave no answer within " +
-                               seconds(kRankZeroAnswers) + ". " + fix;
     if (rank != 0) {
       const std::string word = random_word();
       // A set has no answer: the check after it has.
       first_answer(store, [word, rank](c10d::Store& s) {
         s.set(key("word", rank), bytes_of(word));
         return std::to_string(s.check({key("answer", rank)}));
-      }, silent);
+      }, failed);
       return "lockstep/round_" + follow(*store, rank, word, deadline, fail);
     }
     const std::string round = first_answer(
-        store, [](c10d::Store& s) { return std::to_string(s.add("lockstep/round/count", 1)); }, silent);
+        store, [](c10d::Store& s) { return std::to_string(s.add("lockstep/round/count", 1)); }, failed);
     if (world_size > 1) lead(*store, world_size, round, deadline, fail);
     return "lockstep/round_" + round;
   } catch (const DistributedError&) {
     throw;
   } catch (const std::exception& e) {
-    throw DistributedError(who + ": torchrun's store at " + endpoint + " failed a request (" + message_of(e) + "). " +
-                           fix);
+    throw DistributedError(failed("failed a request (" + message_of(e) + ")"));
   }
 }
 
