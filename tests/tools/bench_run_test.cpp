@@ -155,6 +155,18 @@ TEST(BenchRun, QuickRunWritesEverySection) {
   EXPECT_GE(l["cpu_share"].get<double>(), 0.0) << l.dump();
   EXPECT_LT(l["cpu_share"].get<double>(), 0.01) << l.dump();
   EXPECT_GT(l["fast_cpu_share"].get<double>(), l["cpu_share"].get<double>()) << l.dump();
+
+  // Section 13: 2 ranks against two one-rank runs of the same program at once.
+  const auto& limit = j["limit"];
+  ASSERT_EQ(limit.size(), 2u) << limit.dump();
+  for (const auto& e : limit) {
+    expect_positive(e["steps_per_s"], "limit steps_per_s");
+    expect_positive(e["limit_steps_per_s"], "limit limit_steps_per_s");
+    expect_positive(e["ratio"], "limit ratio");
+    EXPECT_EQ(e["round_ratios"].size(), 1u) << e.dump();
+  }
+  EXPECT_EQ(limit[0]["side"], "DDP");
+  EXPECT_EQ(limit[1]["side"], "FULL_SHARD");
 }
 
 TEST(BenchRun, BadInputIsOneMessageAndExitTwo) {

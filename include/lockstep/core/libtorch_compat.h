@@ -42,8 +42,8 @@ constexpr const char* kNcclAsyncErrorHandling = "TORCH_NCCL_ASYNC_ERROR_HANDLING
 constexpr const char* kNcclAsyncErrorHandling = "NCCL_ASYNC_ERROR_HANDLING";
 #endif
 
-/// Whether this build's TCPStore client speaks the protocol of PyTorch 2.x's store servers (which
-/// close a connection whose first request is not their validation): not LibTorch 1.x's.
+/// Whether this build's TCPStore client speaks the protocol of PyTorch 2.x's store servers, which
+/// answer nothing until a client's first request is their validation: LibTorch 1.x's does not.
 constexpr bool kSpeaksTorch2StoreProtocol = TORCH_VERSION_MAJOR >= 2;
 
 /// A parameter's gradient accumulator, as torch::autograd::impl::grad_accumulator returns it:

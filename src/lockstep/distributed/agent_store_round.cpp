@@ -40,8 +40,8 @@ std::string random_word() {
 }
 
 // Rank 0: answers each rank's word with the round until every rank has taken it.
-void lead(c10d::Store& store, int world_size, const std::string& round, std::chrono::steady_clock::time_point deadline,
-          const std::string& fail) {
+void lead(c10d::Store& store, int world_size, const std::string& round,
+          std::chrono::steady_clock::time_point deadline, const std::string& fail) {
   std::vector<std::string> answered(world_size);
   std::vector<bool> joined(world_size, false);
   for (auto pause = std::chrono::milliseconds(1);; pause = std::min(pause * 2, std::chrono::milliseconds(50))) {
