@@ -7,13 +7,19 @@
 // time (Unix seconds) when rank 0's first optimizer step returned, every rank's peak RSS, and the
 // share of the timed section's CPU time (all ranks) that the liveness watch's threads used.
 // bench/run runs it beside the Python side and compares.
+// --liveness-blocks N (bench/run section 12): the timed steps in 2N blocks, a fresh liveness watch
+// running in every other block (ABBA order) and none in the rest, so that the machine's drift
+// hits both sides alike; prints the on blocks' steps/s over the off blocks'.
 #include <sys/resource.h>
 
 #include <filesystem>
 #include <fstream>
 
+#include <algorithm>
 #include <chrono>
+#include <functional>
 #include <iostream>
+#include <thread>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -25,6 +31,11 @@
 #include <lockstep/environments/cluster_environment.h>
 #include <lockstep/environments/torchelastic_environment.h>
 #include <lockstep/launchers/local_launcher.h>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "../../src/lockstep/distributed/liveness_watch.h"
 
 namespace {
 
@@ -83,6 +94,65 @@ struct NetImpl : torch::nn::Module {
   std::vector<torch::nn::Linear> layers;
 };
 
+// Runs `steps` steps in 2 x `pairs` blocks between barriers; in one block of each pair (ABBA
+// order) a liveness watch of `bound` runs over its own store connection, started before the
+// block's time and stopped after it.
+// Rank 0's figures: the on blocks' steps/s over the off blocks', over all blocks and as the
+// median of the pairs' ratios.
+nlohmann::json liveness_block_ratio(distributed::ProcessGroup& group, const distributed::ProcessGroupOptions& options,
+                                    std::chrono::milliseconds bound, int pairs, int steps,
+                                    const std::function<void(int)>& step) {
+  // As the group's own watch: a file store is safe to share, a TCP store gets a second connection.
+  c10::intrusive_ptr<c10d::Store> store = group.store();
+  if (options.store_file().empty()) {
+    c10d::TCPStoreOptions store_options;
+    store_options.port = static_cast<std::uint16_t>(options.main_port());
+    store_options.timeout = options.timeout();
+    store_options.isServer = false;
+    store_options.waitWorkers = false;
+    store = c10::make_intrusive<c10d::TCPStore>(options.main_address(), store_options);
+  }
+  const int per_block = steps / (2 * pairs);
+  double total_seconds[2] = {0, 0}, total_steps[2] = {0, 0};  // off, on
+  std::vector<double> ratios;
+  int done = 0;
+  for (int p = 0; p < pairs; ++p) {
+    double per_step[2] = {0, 0};
+    for (int k = 0; k < 2; ++k) {
+      const bool on = (k == 0) == (p % 2 == 0);
+      const int n = p + 1 == pairs && k == 1 ? steps - done : per_block;
+      std::unique_ptr<distributed::detail::LivenessWatch> watch;
+      if (on) {
+        watch = std::make_unique<distributed::detail::LivenessWatch>(
+            c10::make_intrusive<c10d::PrefixStore>("bench/block_" + std::to_string(p), store), group.rank(),
+            group.world_size(), bound, std::vector<std::string>{}, group.describe(), "the job's store");
+      }
+      // Time for the watch's threads to start and beat once (every block waits alike): a block
+      // then sees the watch as a long run does, beating once a period.
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      distributed::barrier(group, "block start");
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < n; ++i) step(done + i);
+      distributed::barrier(group, "block end");
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      per_step[on] = seconds / n;
+      total_seconds[on] += seconds;
+      total_steps[on] += n;
+      done += n;
+    }
+    ratios.push_back(per_step[0] / per_step[1]);
+  }
+  std::sort(ratios.begin(), ratios.end());
+  const size_t mid = ratios.size() / 2;
+  const double median = ratios.size() % 2 ? ratios[mid] : (ratios[mid - 1] + ratios[mid]) / 2;
+  return {{"pairs", pairs},
+          {"steps_per_block", per_block},
+          {"ratio", (total_steps[1] / total_seconds[1]) / (total_steps[0] / total_seconds[0])},
+          {"median_ratio", median},
+          {"min_ratio", ratios.front()},
+          {"max_ratio", ratios.back()}};
+}
+
 double unix_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -109,9 +179,19 @@ int run(int argc, char** argv) {
       ->check(CLI::IsMember({"popen", "fork"}));
   app.add_option("--accelerator", accelerator, "cpu, or cuda: rank r on GPU r % (GPU count), gradients through Gloo")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  int liveness_blocks = 0;
   app.add_option("--liveness-timeout", liveness_timeout, "seconds; 0: no liveness watch (bench/run section 12)")
       ->check(CLI::Range(0.0, 1e6));
+  app.add_option("--liveness-blocks", liveness_blocks,
+                 "N: the timed steps in 2N blocks, a watch with --liveness-timeout in every other one")
+      ->check(CLI::Range(0, 1 << 20));
   CLI11_PARSE(app, argc, argv);
+  if (liveness_blocks > 0 && (nproc < 2 || liveness_timeout <= 0 || steps < 2 * liveness_blocks)) {
+    throw UsageError("--liveness-blocks " + std::to_string(liveness_blocks) + " needs --nproc-per-node >= 2, "
+                     "--liveness-timeout > 0 and --steps >= 2 x the blocks; got " + std::to_string(nproc) + ", " +
+                     std::to_string(liveness_timeout) + ", " + std::to_string(steps) + ".");
+  }
+  const auto watch_bound = std::chrono::milliseconds(static_cast<int64_t>(liveness_timeout * 1000));
   if (accelerator == "cuda" && !torch::cuda::is_available()) {
     throw UsageError("--accelerator cuda, but this LibTorch sees no CUDA GPU; use --accelerator cpu.");
   }
@@ -125,9 +205,9 @@ int run(int argc, char** argv) {
     }
   }
   torch::set_num_threads(1);
-  auto group = distributed::ProcessGroup::init(
-      env->process_group_options().timeout(std::chrono::seconds(300)).liveness_timeout(
-          std::chrono::milliseconds(static_cast<int64_t>(liveness_timeout * 1000))));
+  const auto group_options = env->process_group_options().timeout(std::chrono::seconds(300)).liveness_timeout(
+      liveness_blocks > 0 ? std::chrono::milliseconds(0) : watch_bound);
+  auto group = distributed::ProcessGroup::init(group_options);
   torch::manual_seed(0);
   auto net = std::make_shared<NetImpl>(model);
   const auto device = accelerator == "cuda"
@@ -159,7 +239,13 @@ int run(int argc, char** argv) {
   distributed::barrier(*group, "timed_start");
   const double watch_start = liveness_cpu_seconds();
   const auto start = std::chrono::steady_clock::now();
-  for (int i = warmup; i < warmup + steps; ++i) step(i);
+  nlohmann::json blocks;
+  if (liveness_blocks > 0) {
+    blocks = liveness_block_ratio(*group, group_options, watch_bound, liveness_blocks, steps,
+                                  [&](int i) { step(warmup + i); });
+  } else {
+    for (int i = warmup; i < warmup + steps; ++i) step(i);
+  }
   distributed::barrier(*group, "timed_end");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   auto watch_cpu = distributed::all_reduce(
@@ -190,6 +276,7 @@ int run(int argc, char** argv) {
                                 {"loss", loss.item<double>()},
                                 {"first_step_unix", first_step_unix},
                                 {"liveness_cpu_share", watch_cpu.item<double>() / (seconds * group->world_size())},
+                                {"liveness_blocks", blocks},
                                 {"gradient_transport", transport},
                                 {"gradient_transport_by_rank", transports},
                                 {"peak_rss_mb", std::vector<double>(rss.data_ptr<double>(),

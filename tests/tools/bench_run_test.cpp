@@ -150,7 +150,13 @@ TEST(BenchRun, QuickRunWritesEverySection) {
   expect_positive(l["fast_steps_per_s"], "liveness fast_steps_per_s");
   expect_positive(l["ratio"], "liveness ratio");
   expect_positive(l["fast_ratio"], "liveness fast_ratio");
-  EXPECT_EQ(l["round_ratios"].size(), l["pairs"].get<size_t>()) << l.dump();
+  // The ratios come from alternating blocks in one run: the median lies within the pairs' spread.
+  for (const std::string key : {"", "fast_"}) {
+    const auto& spread = l[key + "pair_ratios"];
+    EXPECT_LE(spread[0].get<double>(), l[key + "ratio"].get<double>()) << l.dump();
+    EXPECT_GE(spread[1].get<double>(), l[key + "ratio"].get<double>()) << l.dump();
+    expect_positive(l[key + "total_ratio"], "liveness " + key + "total_ratio");
+  }
   // The watch's threads ran, and beating 50x as often they ran more.
   EXPECT_GE(l["cpu_share"].get<double>(), 0.0) << l.dump();
   EXPECT_LT(l["cpu_share"].get<double>(), 0.01) << l.dump();
@@ -178,6 +184,19 @@ TEST(BenchRun, BadInputIsOneMessageAndExitTwo) {
     EXPECT_EQ(result.err.find("Traceback"), std::string::npos) << result.err;
     EXPECT_NE(result.err.find("bench/run: error: "), std::string::npos) << result.err;
     EXPECT_TRUE(result.out.empty()) << result.out;
+  }
+}
+
+// bench_ddp --liveness-blocks needs a watch to alternate and two ranks to watch: else one message.
+TEST(BenchRun, BenchDdpRefusesLivenessBlocksItCannotRun) {
+  const std::string bench_ddp = std::string(LOCKSTEP_BIN_DIR) + "/bench_ddp";
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"--liveness-timeout", "0"}, {"--nproc-per-node", "1"}, {"--steps", "3"}}) {
+    std::vector<std::string> argv{bench_ddp, "--liveness-blocks", "2"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const auto result = run_command(argv, plain_environment(), std::chrono::seconds(30));
+    EXPECT_EQ(result.exit_code, 2) << args[0] << ": " << result.err;
+    EXPECT_NE(result.err.find("--liveness-blocks 2 needs"), std::string::npos) << result.err;
   }
 }
 
