@@ -39,6 +39,17 @@ void expect_ddp_entry(const nlohmann::json& e, int world_size) {
   expect_positive(e["ratio"], name + " ratio");
 }
 
+// A section beside Python ran Lockstep from build-libtorch2 (Python's torch line) when that build
+// has `programs`, else from this build, marked as not the same LibTorch.
+void expect_same_libtorch_where_built(const nlohmann::json& e, const std::vector<std::string>& programs) {
+  const auto libtorch2 = std::filesystem::path(LOCKSTEP_SOURCE_DIR) / "build-libtorch2";
+  bool built = true;
+  for (const auto& p : programs) built = built && std::filesystem::exists(libtorch2 / "bin" / p);
+  const std::filesystem::path ran = e["lockstep_build"].get<std::string>();
+  EXPECT_TRUE(std::filesystem::equivalent(ran, built ? libtorch2 : std::filesystem::path(build_dir))) << e.dump();
+  EXPECT_EQ(e["unpaired"].get<std::string>().empty(), built) << e.dump();
+}
+
 TEST(BenchRun, QuickRunWritesEverySection) {
   testing::TempDir out("bench_run");
   // The quick mode takes about 4 minutes on 2 cores; allow for a loaded machine.
@@ -105,6 +116,7 @@ TEST(BenchRun, QuickRunWritesEverySection) {
         expect_positive(lightning[side][key], std::string("trainer_vs_lightning ") + side + "." + key);
       }
     }
+    expect_same_libtorch_where_built(lightning, {"fashion_mnist"});
   }
 
   // Section 10, quick: the 24.2M MLP on 2 ranks, Lockstep's DDP and FULL_SHARD (and FSDP2 where
@@ -125,6 +137,7 @@ TEST(BenchRun, QuickRunWritesEverySection) {
   EXPECT_GE(hidden.get<double>(), 0.0);
   EXPECT_LE(hidden.get<double>(), 1.0);
   EXPECT_EQ(s["sides"].contains("FSDP2"), !s.contains("python_skipped")) << s.dump();
+  if (s["sides"].contains("FSDP2")) expect_same_libtorch_where_built(s, {"bench_fsdp", "lockstep"});
 
   // Section 11, quick: the 24.2M MLP's checkpoint on 2 ranks in DCP's format, saved and loaded
   // back exactly (and by dcp.save of FSDP2 where .venv-libtorch2 is installed).
@@ -133,6 +146,7 @@ TEST(BenchRun, QuickRunWritesEverySection) {
   EXPECT_FALSE(c.contains("error")) << c.dump();
   EXPECT_EQ(c["world_size"], 2);
   EXPECT_EQ(c["sides"].contains("FSDP2"), !c.contains("python_skipped")) << c.dump();
+  expect_same_libtorch_where_built(c, {"bench_checkpoint", "lockstep"});
   for (const auto& [side, v] : c["sides"].items()) {
     EXPECT_TRUE(v["restored"].get<bool>()) << side;
     for (const char* key : {"save_s", "load_s", "peak_train_mb", "checkpoint_mb"}) {
