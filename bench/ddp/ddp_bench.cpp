@@ -10,12 +10,17 @@
 // --liveness-blocks N (bench/run section 12): the timed steps in 2N blocks, a fresh liveness watch
 // running in every other block (ABBA order) and none in the rest, so that the machine's drift
 // hits both sides alike; prints the on blocks' steps/s over the off blocks'.
+// --profile: where each rank's timed steps went (bench/run section 13): forward (with the loss and
+// zero_grad), backward until autograd ended, the wait for the reduction after it, the optimizer;
+// the median and the mean of each, in ms, per rank.
 #include <sys/resource.h>
 
 #include <filesystem>
 #include <fstream>
 
 #include <algorithm>
+#include <array>
+#include <numeric>
 #include <chrono>
 #include <functional>
 #include <iostream>
@@ -153,6 +158,56 @@ nlohmann::json liveness_block_ratio(distributed::ProcessGroup& group, const dist
           {"max_ratio", ratios.back()}};
 }
 
+using Clock = std::chrono::steady_clock;
+// --profile's parts of a step; the last two split the wait for the reduction where the ranks
+// share one machine's clock: waiting for the last rank to end backward, then the reduction.
+constexpr int kParts = 6;
+const char* const kPartNames[kParts] = {"forward_ms",          "backward_ms",        "reduction_wait_ms",
+                                        "optimizer_ms",        "waiting_for_peers_ms", "reduction_after_last_ms"};
+struct StepTimes {
+  std::array<double, 4> parts;  // the first four of kPartNames
+  double autograd_end, backward_end;  // ms on the steady clock
+};
+
+double ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+// --profile's figures: per rank, each part's median and mean over the timed steps.
+nlohmann::json profile_by_rank(distributed::ProcessGroup& group, const std::vector<StepTimes>& steps, bool one_clock) {
+  std::vector<std::vector<double>> parts(kParts);
+  for (const auto& t : steps) {
+    for (size_t k = 0; k < t.parts.size(); ++k) parts[k].push_back(t.parts[k]);
+  }
+  const int known = one_clock && group.world_size() > 1 ? kParts : 4;
+  if (known == kParts) {
+    auto ends = torch::empty({static_cast<int64_t>(steps.size()), 2}, torch::kFloat64);
+    for (size_t i = 0; i < steps.size(); ++i) ends[i][0] = steps[i].autograd_end, ends[i][1] = steps[i].backward_end;
+    const auto all = torch::stack(distributed::all_gather(group, ends));  // rank, step, (autograd end, end)
+    const auto last = std::get<0>(all.select(2, 0).max(0));               // per step: the last rank's autograd end
+    const auto mine = all[group.rank()];
+    for (int64_t i = 0; i < last.size(0); ++i) {
+      parts[4].push_back(last[i].item<double>() - mine[i][0].item<double>());
+      parts[5].push_back(mine[i][1].item<double>() - last[i].item<double>());
+    }
+  }
+  auto figures = torch::zeros({group.world_size(), kParts, 2}, torch::kFloat64);
+  for (int k = 0; k < known; ++k) {
+    auto& v = parts[k];
+    std::sort(v.begin(), v.end());
+    figures[group.rank()][k][0] = v.empty() ? 0.0 : v[v.size() / 2];
+    figures[group.rank()][k][1] = v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / v.size();
+  }
+  const auto all = distributed::all_reduce(group, figures, distributed::ReduceOp::sum);
+  nlohmann::json out = nlohmann::json::array();
+  for (int r = 0; r < group.world_size(); ++r) {
+    nlohmann::json rank;
+    for (int k = 0; k < known; ++k) {
+      rank[kPartNames[k]] = {{"median", all[r][k][0].item<double>()}, {"mean", all[r][k][1].item<double>()}};
+    }
+    out.push_back(rank);
+  }
+  return out;
+}
+
 double unix_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -180,6 +235,8 @@ int run(int argc, char** argv) {
   app.add_option("--accelerator", accelerator, "cpu, or cuda: rank r on GPU r % (GPU count), gradients through Gloo")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   int liveness_blocks = 0;
+  bool profile = false;
+  app.add_flag("--profile", profile, "time each part of every timed step on every rank (bench/run section 13)");
   app.add_option("--liveness-timeout", liveness_timeout, "seconds; 0: no liveness watch (bench/run section 12)")
       ->check(CLI::Range(0.0, 1e6));
   app.add_option("--liveness-blocks", liveness_blocks,
@@ -226,12 +283,28 @@ int run(int argc, char** argv) {
     ys.push_back(torch::randint(10, {batch}, generator, torch::kInt64).to(device));
   }
   double loss_value = 0;
+  std::vector<StepTimes> times;  // --profile: each timed step's
   auto step = [&](int i) {
+    const auto start = Clock::now();
     auto loss = torch::nn::functional::cross_entropy(ddp.forward(xs[i % 8]), ys[i % 8]);
     optimizer.zero_grad();
+    const auto forward_end = Clock::now();
     loss.backward();
+    const auto backward_end = Clock::now();
     optimizer.step();
     loss_value = loss.item<double>();
+    if (profile && i >= warmup) {
+      // One rank has no reducer trace: all of backward is autograd's.
+      auto autograd_end = backward_end;
+      if (group->world_size() > 1) {
+        const auto& trace = ddp.reducer().last_trace();
+        autograd_end = trace.backward_start + std::chrono::duration_cast<Clock::duration>(trace.backward_end);
+      }
+      times.push_back({{ms(forward_end - start), ms(autograd_end - forward_end), ms(backward_end - autograd_end),
+                        ms(Clock::now() - backward_end)},
+                       ms(autograd_end.time_since_epoch()),
+                       ms(backward_end.time_since_epoch())});
+    }
   };
   step(0);
   const double first_step_unix = unix_seconds();
@@ -265,6 +338,9 @@ int run(int argc, char** argv) {
   for (const auto& part : distributed::all_gather(*group, transport_bytes)) {
     transports.emplace_back(static_cast<const char*>(part.data_ptr()), static_cast<size_t>(part.numel()));
   }
+  // The steady clock is one per machine: the ranks' ends compare only when they share it.
+  const bool one_clock = env->placement().local_world_size == group->world_size();
+  const auto profile_json = profile ? profile_by_rank(*group, times, one_clock) : nlohmann::json();
   if (group->rank() == 0) {
     std::cout << nlohmann::json{{"impl", "lockstep"},
                                 {"model", model},
@@ -277,6 +353,7 @@ int run(int argc, char** argv) {
                                 {"first_step_unix", first_step_unix},
                                 {"liveness_cpu_share", watch_cpu.item<double>() / (seconds * group->world_size())},
                                 {"liveness_blocks", blocks},
+                                {"profile", profile_json},
                                 {"gradient_transport", transport},
                                 {"gradient_transport_by_rank", transports},
                                 {"peak_rss_mb", std::vector<double>(rss.data_ptr<double>(),

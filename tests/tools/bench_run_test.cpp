@@ -187,6 +187,13 @@ TEST(BenchRun, QuickRunWritesEverySection) {
   }
   EXPECT_EQ(limit[0]["side"], "DDP");
   EXPECT_EQ(limit[1]["side"], "FULL_SHARD");
+  // Where DDP's steps went, beside the one-rank runs' (which wait for nobody).
+  const auto& profile = limit[0]["profile"];
+  expect_positive(profile["two_ranks"]["backward_ms"]["mean"], "limit two_ranks backward_ms");
+  expect_positive(profile["one_rank_runs"]["backward_ms"]["mean"], "limit one_rank_runs backward_ms");
+  EXPECT_EQ(profile["one_rank_runs"]["reduction_wait_ms"]["mean"], 0.0) << profile.dump();
+  EXPECT_TRUE(profile["two_ranks"].contains("waiting_for_peers_ms")) << profile.dump();
+  EXPECT_FALSE(profile["one_rank_runs"].contains("waiting_for_peers_ms")) << profile.dump();
 }
 
 TEST(BenchRun, BadInputIsOneMessageAndExitTwo) {
@@ -198,6 +205,30 @@ TEST(BenchRun, BadInputIsOneMessageAndExitTwo) {
     EXPECT_EQ(result.err.find("Traceback"), std::string::npos) << result.err;
     EXPECT_NE(result.err.find("bench/run: error: "), std::string::npos) << result.err;
     EXPECT_TRUE(result.out.empty()) << result.out;
+  }
+}
+
+// bench_ddp --profile: every rank's parts of a step; where the ranks share a clock the wait after
+// backward splits into waiting for the last rank and the reduction after it, step by step, so the
+// means add up; and the parts fit in the time the steps took.
+TEST(BenchRun, BenchDdpProfileAccountsForEachRanksSteps) {
+  const int steps = 20;
+  const auto result = run_command({std::string(LOCKSTEP_BIN_DIR) + "/bench_ddp", "--nproc-per-node", "2", "--steps",
+                                   std::to_string(steps), "--warmup", "2", "--profile"},
+                                  plain_environment(), std::chrono::seconds(120));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const auto j = nlohmann::json::parse(result.out_lines().back());
+  ASSERT_EQ(j["profile"].size(), 2u) << j.dump();
+  const double seconds = steps / j["steps_per_s"].get<double>();
+  for (const auto& rank : j["profile"]) {
+    const auto mean = [&](const char* part) { return rank[part]["mean"].get<double>(); };
+    EXPECT_NEAR(mean("reduction_wait_ms"), mean("waiting_for_peers_ms") + mean("reduction_after_last_ms"), 1e-3)
+        << rank.dump();
+    EXPECT_GE(mean("waiting_for_peers_ms"), 0.0) << rank.dump();
+    expect_positive(rank["forward_ms"]["mean"], "forward_ms");
+    expect_positive(rank["backward_ms"]["mean"], "backward_ms");
+    const double parts = mean("forward_ms") + mean("backward_ms") + mean("reduction_wait_ms") + mean("optimizer_ms");
+    EXPECT_LE(parts * steps / 1000.0, seconds) << rank.dump();
   }
 }
 
