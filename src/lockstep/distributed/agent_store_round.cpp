@@ -12,6 +12,7 @@
 #include <lockstep/core/libtorch_compat.h>
 
 #include "rank_zero_probe.h"
+#include "store_text.h"
 #include "wait_for.h"
 
 namespace lockstep {
@@ -19,8 +20,6 @@ namespace distributed {
 namespace detail {
 namespace {
 
-std::string text_of(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
-std::vector<uint8_t> bytes_of(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
 std::string key(const char* what, int rank) {
   return std::string("lockstep/round/") + what + "/" + std::to_string(rank);
 }

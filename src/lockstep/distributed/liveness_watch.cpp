@@ -10,6 +10,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "store_text.h"
 #include "wait_for.h"
 
 namespace lockstep {
@@ -86,14 +87,14 @@ void LivenessWatch::State::beat() {
         for (int r = 1; r < world_size; ++r) {
           if (!silent(r)) continue;
           const std::string what = silence_of(r);
-          store->set(kVerdict, std::vector<uint8_t>(what.begin(), what.end()));
+          store->set(kVerdict, bytes_of(what));
           std::this_thread::sleep_for(period * 3 / 2);  // the others read the verdict before the store ends
           judge(what);
           return;
         }
       } else if (store->check({kVerdict})) {
         const auto what = store->get(kVerdict);
-        judge("rank 0 found that " + std::string(what.begin(), what.end()));
+        judge("rank 0 found that " + text_of(what));
         return;
       } else if (silent(0)) {
         judge(silence_of(0));

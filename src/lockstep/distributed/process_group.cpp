@@ -22,13 +22,16 @@
 #include "agent_store_round.h"
 #include "liveness_watch.h"
 #include "rank_zero_probe.h"
+#include "store_text.h"
 #include "wait_for.h"
 
 namespace lockstep {
 namespace distributed {
 namespace {
 
+using detail::bytes_of;
 using detail::seconds;
+using detail::text_of;
 
 void validate(const ProcessGroupOptions& o) {
   if (o.world_size() < 1) {
@@ -171,9 +174,6 @@ bool detail_from_environment() {
   throw UsageError(std::string("LOCKSTEP_DISTRIBUTED_DEBUG=") + value +
                    " is not known: use detail (compare every collective across ranks) or off.");
 }
-
-std::string text_of(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
-std::vector<uint8_t> bytes_of(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
 
 // Waits until all ranks of the job rank 0 leads have joined its store. A rank started for a job
 // of another size (nodes started with different --nproc-per-node) is refused and ends the wait of
