@@ -20,10 +20,11 @@
 
 #include <algorithm>
 #include <array>
-#include <numeric>
 #include <chrono>
 #include <functional>
 #include <iostream>
+#include <numeric>
+#include <sstream>
 #include <thread>
 
 #include <CLI/CLI.hpp>
@@ -244,9 +245,10 @@ int run(int argc, char** argv) {
       ->check(CLI::Range(0, 1 << 20));
   CLI11_PARSE(app, argc, argv);
   if (liveness_blocks > 0 && (nproc < 2 || liveness_timeout <= 0 || steps < 2 * liveness_blocks)) {
+    std::ostringstream got;
+    got << nproc << ", " << liveness_timeout << ", " << steps;
     throw UsageError("--liveness-blocks " + std::to_string(liveness_blocks) + " needs --nproc-per-node >= 2, "
-                     "--liveness-timeout > 0 and --steps >= 2 x the blocks; got " + std::to_string(nproc) + ", " +
-                     std::to_string(liveness_timeout) + ", " + std::to_string(steps) + ".");
+                     "--liveness-timeout > 0 and --steps >= 2 x the blocks; got " + got.str() + ".");
   }
   const auto watch_bound = std::chrono::milliseconds(static_cast<int64_t>(liveness_timeout * 1000));
   if (accelerator == "cuda" && !torch::cuda::is_available()) {
