@@ -11,8 +11,8 @@
 // running in every other block (ABBA order) and none in the rest, so that the machine's drift
 // hits both sides alike; prints the on blocks' steps/s over the off blocks'.
 // --profile: where each rank's timed steps went (bench/run section 13): forward (with the loss and
-// zero_grad), backward until autograd ended, the wait for the reduction after it, the optimizer;
-// the median and the mean of each, in ms, per rank.
+// zero_grad), backward until autograd ended, the wait for the reduction after it (on one machine
+// split in two, see kPartNames), the optimizer; the median and the mean of each, in ms, per rank.
 #include <sys/resource.h>
 
 #include <filesystem>
@@ -160,14 +160,15 @@ nlohmann::json liveness_block_ratio(distributed::ProcessGroup& group, const dist
 }
 
 using Clock = std::chrono::steady_clock;
-// --profile's parts of a step; the last two split the wait for the reduction where the ranks
-// share one machine's clock: waiting for the last rank to end backward, then the reduction.
+// --profile's parts of a step; the last two split the wait after backward where the ranks share
+// one machine's clock: waiting for the last rank to hand over its last bucket (no reduction can
+// end before), then the rest.
 constexpr int kParts = 6;
 const char* const kPartNames[kParts] = {"forward_ms",          "backward_ms",        "reduction_wait_ms",
                                         "optimizer_ms",        "waiting_for_peers_ms", "reduction_after_last_ms"};
 struct StepTimes {
   std::array<double, 4> parts;  // the first four of kPartNames
-  double autograd_end, backward_end;  // ms on the steady clock
+  double autograd_end, last_bucket, backward_end;  // ms on the steady clock
 };
 
 double ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
@@ -180,14 +181,14 @@ nlohmann::json profile_by_rank(distributed::ProcessGroup& group, const std::vect
   }
   const int known = one_clock && group.world_size() > 1 ? kParts : 4;
   if (known == kParts) {
-    auto ends = torch::empty({static_cast<int64_t>(steps.size()), 2}, torch::kFloat64);
-    for (size_t i = 0; i < steps.size(); ++i) ends[i][0] = steps[i].autograd_end, ends[i][1] = steps[i].backward_end;
-    const auto all = torch::stack(distributed::all_gather(group, ends));  // rank, step, (autograd end, end)
-    const auto last = std::get<0>(all.select(2, 0).max(0));               // per step: the last rank's autograd end
-    const auto mine = all[group.rank()];
-    for (int64_t i = 0; i < last.size(0); ++i) {
-      parts[4].push_back(last[i].item<double>() - mine[i][0].item<double>());
-      parts[5].push_back(mine[i][1].item<double>() - last[i].item<double>());
+    auto handed = torch::empty({static_cast<int64_t>(steps.size())}, torch::kFloat64);
+    for (size_t i = 0; i < steps.size(); ++i) handed[i] = steps[i].last_bucket;
+    // Per step, when the last rank handed over its last bucket.
+    const auto last = std::get<0>(torch::stack(distributed::all_gather(group, handed)).max(0));
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const double gate = std::max(steps[i].autograd_end, last[i].item<double>());
+      parts[4].push_back(gate - steps[i].autograd_end);
+      parts[5].push_back(steps[i].backward_end - gate);
     }
   }
   auto figures = torch::zeros({group.world_size(), kParts, 2}, torch::kFloat64);
@@ -297,14 +298,19 @@ int run(int argc, char** argv) {
     loss_value = loss.item<double>();
     if (profile && i >= warmup) {
       // One rank has no reducer trace: all of backward is autograd's.
-      auto autograd_end = backward_end;
+      auto autograd_end = backward_end, last_bucket = backward_end;
       if (group->world_size() > 1) {
         const auto& trace = ddp.reducer().last_trace();
-        autograd_end = trace.backward_start + std::chrono::duration_cast<Clock::duration>(trace.backward_end);
+        const auto at = [&](std::chrono::nanoseconds since) {
+          return trace.backward_start + std::chrono::duration_cast<Clock::duration>(since);
+        };
+        autograd_end = at(trace.backward_end);
+        last_bucket = at(trace.buckets.empty() ? trace.backward_end : trace.buckets.back().launched);
       }
       times.push_back({{ms(forward_end - start), ms(autograd_end - forward_end), ms(backward_end - autograd_end),
                         ms(Clock::now() - backward_end)},
                        ms(autograd_end.time_since_epoch()),
+                       ms(last_bucket.time_since_epoch()),
                        ms(backward_end.time_since_epoch())});
     }
   };

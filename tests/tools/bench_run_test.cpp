@@ -184,6 +184,8 @@ TEST(BenchRun, QuickRunWritesEverySection) {
     expect_positive(e["limit_steps_per_s"], "limit limit_steps_per_s");
     expect_positive(e["ratio"], "limit ratio");
     EXPECT_EQ(e["round_ratios"].size(), 1u) << e.dump();
+    // Against the slower run of each pair, never below the ratio against the pair's mean.
+    EXPECT_GE(e["slower_ratio"].get<double>(), e["ratio"].get<double>()) << e.dump();
   }
   EXPECT_EQ(limit[0]["side"], "DDP");
   EXPECT_EQ(limit[1]["side"], "FULL_SHARD");
@@ -209,8 +211,8 @@ TEST(BenchRun, BadInputIsOneMessageAndExitTwo) {
 }
 
 // bench_ddp --profile: every rank's parts of a step; where the ranks share a clock the wait after
-// backward splits into waiting for the last rank and the reduction after it, step by step, so the
-// means add up; and the parts fit in the time the steps took.
+// backward splits, step by step, into waiting for the last rank's last bucket and the rest, both
+// never negative, so the means add up; and rank 0's parts fit in the time its steps took.
 TEST(BenchRun, BenchDdpProfileAccountsForEachRanksSteps) {
   const int steps = 20;
   const auto result = run_command({std::string(LOCKSTEP_BIN_DIR) + "/bench_ddp", "--nproc-per-node", "2", "--steps",
@@ -219,17 +221,22 @@ TEST(BenchRun, BenchDdpProfileAccountsForEachRanksSteps) {
   ASSERT_EQ(result.exit_code, 0) << result.err;
   const auto j = nlohmann::json::parse(result.out_lines().back());
   ASSERT_EQ(j["profile"].size(), 2u) << j.dump();
-  const double seconds = steps / j["steps_per_s"].get<double>();
   for (const auto& rank : j["profile"]) {
     const auto mean = [&](const char* part) { return rank[part]["mean"].get<double>(); };
     EXPECT_NEAR(mean("reduction_wait_ms"), mean("waiting_for_peers_ms") + mean("reduction_after_last_ms"), 1e-3)
         << rank.dump();
     EXPECT_GE(mean("waiting_for_peers_ms"), 0.0) << rank.dump();
+    EXPECT_GE(mean("reduction_after_last_ms"), 0.0) << rank.dump();
     expect_positive(rank["forward_ms"]["mean"], "forward_ms");
     expect_positive(rank["backward_ms"]["mean"], "backward_ms");
-    const double parts = mean("forward_ms") + mean("backward_ms") + mean("reduction_wait_ms") + mean("optimizer_ms");
-    EXPECT_LE(parts * steps / 1000.0, seconds) << rank.dump();
   }
+  // steps_per_s is rank 0's, timed between barriers around its steps.
+  const auto& zero = j["profile"][0];
+  double parts = 0;
+  for (const char* part : {"forward_ms", "backward_ms", "reduction_wait_ms", "optimizer_ms"}) {
+    parts += zero[part]["mean"].get<double>();
+  }
+  EXPECT_LE(parts * steps / 1000.0, steps / j["steps_per_s"].get<double>()) << zero.dump();
 }
 
 // bench_ddp --liveness-blocks needs a watch to alternate and two ranks to watch: else one message.
