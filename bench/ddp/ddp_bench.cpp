@@ -100,6 +100,14 @@ struct NetImpl : torch::nn::Module {
   std::vector<torch::nn::Linear> layers;
 };
 
+// The middle of `v` (the mean of the two middle values for an even count); 0 when empty.
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t mid = v.size() / 2;
+  return v.size() % 2 ? v[mid] : (v[mid - 1] + v[mid]) / 2;
+}
+
 // Runs `steps` steps in 2 x `pairs` blocks between barriers; in one block of each pair (ABBA
 // order) a liveness watch of `bound` runs over its own store connection, started before the
 // block's time and stopped after it.
@@ -148,15 +156,12 @@ nlohmann::json liveness_block_ratio(distributed::ProcessGroup& group, const dist
     }
     ratios.push_back(per_step[0] / per_step[1]);
   }
-  std::sort(ratios.begin(), ratios.end());
-  const size_t mid = ratios.size() / 2;
-  const double median = ratios.size() % 2 ? ratios[mid] : (ratios[mid - 1] + ratios[mid]) / 2;
   return {{"pairs", pairs},
           {"steps_per_block", per_block},
           {"ratio", (total_steps[1] / total_seconds[1]) / (total_steps[0] / total_seconds[0])},
-          {"median_ratio", median},
-          {"min_ratio", ratios.front()},
-          {"max_ratio", ratios.back()}};
+          {"median_ratio", median(ratios)},
+          {"min_ratio", *std::min_element(ratios.begin(), ratios.end())},
+          {"max_ratio", *std::max_element(ratios.begin(), ratios.end())}};
 }
 
 using Clock = std::chrono::steady_clock;
@@ -193,9 +198,8 @@ nlohmann::json profile_by_rank(distributed::ProcessGroup& group, const std::vect
   }
   auto figures = torch::zeros({group.world_size(), kParts, 2}, torch::kFloat64);
   for (int k = 0; k < known; ++k) {
-    auto& v = parts[k];
-    std::sort(v.begin(), v.end());
-    figures[group.rank()][k][0] = v.empty() ? 0.0 : v[v.size() / 2];
+    const auto& v = parts[k];
+    figures[group.rank()][k][0] = median(v);
     figures[group.rank()][k][1] = v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / v.size();
   }
   const auto all = distributed::all_reduce(group, figures, distributed::ReduceOp::sum);
