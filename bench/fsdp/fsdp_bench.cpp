@@ -144,6 +144,7 @@ int run(int argc, char** argv) {
   const auto gathers = per_rank(*group, comm.all_gather_s / steps);
   const auto waits = per_rank(*group, comm.all_gather_waited_s / steps);
   const auto hidden = per_rank(*group, comm.all_gather_hidden_share());
+  const auto fresh = per_rank(*group, static_cast<double>(comm.all_gather_fresh_bytes) / (1 << 20) / steps);
   std::string transport = "none (one rank)";
   if (group->world_size() > 1) {
     const std::string why_not = ddp ? ddp->why_not_shared_memory() : fsdp->why_not_shared_memory();
@@ -166,7 +167,8 @@ int run(int argc, char** argv) {
                        {"peak_rss_mb", peak},
                        {"shmem_rss_mb_at_end", shmem},
                        {"all_gather_s_per_step", gathers},
-                       {"all_gather_wait_s_per_step", waits}};
+                       {"all_gather_wait_s_per_step", waits},
+                       {"all_gather_fresh_mb_per_step", fresh}};
     // The share of all-gather time the training thread did not wait for (the engine's
     // comm_times(): gathers run on its communication thread, prefetched in forward and backward).
     if (fsdp && group->world_size() > 1 && strategy != distributed::ShardingStrategy::no_shard) {

@@ -114,6 +114,9 @@ class FullyShardedDataParallelBase {
     int64_t all_gathers = 0;         // gathers of a unit's parameters for forward and backward
     double all_gather_s = 0;
     double all_gather_waited_s = 0;  // of which the training thread waited
+    /// Bytes gathered into fresh memory; the rest went into memory a unit resharded in forward
+    /// handed over (FULL_SHARD and HYBRID_SHARD on the CPU, to a unit of the same size).
+    int64_t all_gather_fresh_bytes = 0;
     double reduce_s = 0;             // reduce-scatters (all-reduces with NO_SHARD and ZeRO-1)
     double reduce_waited_s = 0;      // of which the end of backward waited
     /// 1 - waited / total: the share of all-gather time hidden behind compute (0 with no gathers).

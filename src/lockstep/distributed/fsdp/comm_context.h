@@ -13,6 +13,7 @@
 #include <lockstep/distributed/process_group.h>
 
 #include "comm_thread.h"
+#include "gather_pool.h"
 
 namespace lockstep {
 namespace distributed {
@@ -30,6 +31,7 @@ class CommContext {
   ProcessGroup* replica_group;  // HYBRID_SHARD: the ranks holding the same shards; else null
   std::shared_ptr<ShardTransport> transport;  // chosen once the units' sizes are known
   std::unique_ptr<CommThread> thread = std::make_unique<CommThread>();
+  GatherPool gathered;  // the memory of resharded units, for the next gathers
 
   /// Waits for `ticket`; a failure or a timeout goes through fail(). Each collective is bounded
   /// by the group's timeout; twice that covers one queued behind another.

@@ -107,8 +107,13 @@ FullyShardedDataParallelBase::FullyShardedDataParallelBase(std::shared_ptr<torch
   comm_ = std::make_unique<detail::CommContext>(group_, own_shard_group_ ? *own_shard_group_ : group_,
                                                 replica_group_.get());
   build_units();
-  int64_t largest = 0;
-  for (const auto& unit : units_) largest = std::max(largest, unit->gathered_bytes());
+  std::vector<int64_t> sizes;
+  for (const auto& unit : units_) sizes.push_back(unit->gathered_bytes());
+  std::sort(sizes.rbegin(), sizes.rend());
+  const int64_t largest = sizes.empty() ? 0 : sizes[0];
+  // A bound on the memory handed over between gathers: the two largest units (the one in use and
+  // the prefetch are all that forward gathers at once).
+  comm_->gathered.set_limit(static_cast<size_t>(largest + (sizes.size() > 1 ? sizes[1] : 0)));
   comm_->transport = choose_shard_transport(comm_->shard_group, std::min(largest, kSharedMemorySlotBytes),
                                             options_.shared_memory(), &why_not_shared_memory_);
   order_ = std::make_unique<ForwardOrder>(units_.size());
@@ -232,6 +237,7 @@ void FullyShardedDataParallelBase::finalize_backward() {
   if (!order_->known()) order_->learn();
   const auto used = used_on_any_rank();
   for (auto& unit : units_) unit->finish_backward(used);
+  comm_->gathered.clear();  // nothing is gathered before the next forward
   in_backward_ = false;
   forward_prepared_ = false;
 }
@@ -266,7 +272,7 @@ void FullyShardedDataParallelBase::after_unit_forward(size_t unit, const at::Ten
   if (!plan_->reshard_after_use) return;
   // The last unit of forward is the first of backward: it stays gathered for it.
   const bool backward_next = output.requires_grad() && order_->known() && unit == order_->last();
-  if (!backward_next) units_[unit]->reshard();
+  if (!backward_next) units_[unit]->reshard(true);
   if (!output.requires_grad()) return;
   // Backward reaches this output before anything that used the unit's parameters; the unit
   // before it in forward is gathered meanwhile.

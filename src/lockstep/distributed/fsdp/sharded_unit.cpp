@@ -29,18 +29,21 @@ bool is_alias_of(const at::Tensor& tensor, const at::Tensor& of) {
          tensor.storage_offset() == of.storage_offset() && tensor.sizes() == of.sizes();
 }
 
-// Resharding frees a unit's whole parameters by giving their storage zero bytes, and gathers into
-// the same storage again, so that the tensors that forward saved for backward see the gathered
-// values (PyTorch's FSDP does the same).
-void free_storage(const at::Tensor& tensor) {
+// Resharding gives a unit's whole parameters' storage zero bytes, and gathers into the same
+// storage again, so that the tensors that forward saved for backward see the gathered values
+// (PyTorch's FSDP does the same). On the CPU, given a pool, the memory waits there for the next
+// gather instead of going back to the system.
+void release_storage(const at::Tensor& tensor, GatherPool* pool) {
   auto* storage = tensor.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(at::DataPtr(nullptr, tensor.device()));
+  const size_t bytes = storage->nbytes();
+  auto data = storage->set_data_ptr(at::DataPtr(nullptr, tensor.device()));
   storage->set_nbytes(0);
+  if (pool && tensor.device().is_cpu()) pool->give(std::move(data), bytes);
 }
 
-// A unit is gathered into fresh memory twice a step: in 2 MiB pages where the kernel gives them
-// on request (transparent huge pages "madvise", Debian's default), its first touch faults 512
-// times less often.
+// A unit gathered into fresh memory: in 2 MiB pages where the kernel gives them on request
+// (transparent huge pages "madvise", Debian's default), its first touch faults 512 times less
+// often.
 void ask_for_huge_pages(const void* data, size_t bytes) {
   constexpr uintptr_t kHugePage = 2 << 20;
   const auto begin = (reinterpret_cast<uintptr_t>(data) + kHugePage - 1) & ~(kHugePage - 1);
@@ -48,13 +51,21 @@ void ask_for_huge_pages(const void* data, size_t bytes) {
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
 }
 
-void allocate_storage(const at::Tensor& tensor) {
+size_t storage_bytes(const at::Tensor& tensor) { return static_cast<size_t>(tensor.numel()) * tensor.element_size(); }
+
+// Gives `tensor`'s storage its memory back: `handed_over`, or fresh memory where that is empty.
+// Returns the bytes allocated afresh.
+int64_t allocate_storage(const at::Tensor& tensor, at::DataPtr handed_over) {
   auto* storage = tensor.storage().unsafeGetStorageImpl();
-  const size_t bytes = static_cast<size_t>(tensor.numel()) * tensor.element_size();
-  if (storage->nbytes() == bytes) return;
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  const size_t bytes = storage_bytes(tensor);
+  if (storage->nbytes() == bytes) return 0;
+  auto data = std::move(handed_over);
+  const bool fresh = !data;
+  if (fresh) data = storage->allocator()->allocate(bytes);
+  storage->set_data_ptr_noswap(std::move(data));
   storage->set_nbytes(bytes);
-  if (tensor.device().is_cpu()) ask_for_huge_pages(storage->data(), bytes);
+  if (fresh && tensor.device().is_cpu()) ask_for_huge_pages(storage->data(), bytes);
+  return fresh ? static_cast<int64_t>(bytes) : 0;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -121,17 +132,22 @@ ShardedUnit::ShardedUnit(std::string name, const std::vector<std::pair<std::stri
 
 void ShardedUnit::unshard() {
   if (state_ != State::sharded) return;
-  gathering_ = comm_.thread->submit([this] {
+  // Memory a unit handed over is taken here, in the training thread's order; fresh memory is
+  // allocated on the communication thread, in queue order: after the reductions queued before
+  // the gather have freed theirs.
+  const auto handed_over = std::make_shared<at::DataPtr>(
+      full_.device().is_cpu() && full_.storage().nbytes() == 0 ? comm_.gathered.take(storage_bytes(full_)) : at::DataPtr());
+  gathering_ = comm_.thread->submit([this, handed_over] {
     const auto start = std::chrono::steady_clock::now();
-    // Allocated here, in queue order: after the reductions queued before it have freed theirs.
-    allocate_storage(full_);
+    const int64_t fresh = allocate_storage(full_, std::move(*handed_over));
     // In the unit's compute dtype (param_dtype): half the bytes with bfloat16.
     const auto shard = shard_.scalar_type() == full_.scalar_type() ? shard_ : shard_.to(full_.scalar_type());
     comm_.transport->all_gather(shard, full_, "all_gather of unit '" + name_ + "''s parameters");
     const double seconds = seconds_since(start);
-    comm_.record([seconds](auto& times) {
+    comm_.record([seconds, fresh](auto& times) {
       times.all_gathers += 1;
       times.all_gather_s += seconds;
+      times.all_gather_fresh_bytes += fresh;
     });
   });
   state_ = State::unsharding;
@@ -154,12 +170,12 @@ void ShardedUnit::wait_for_unshard() {
   if (!parameters_whole_) point_parameters_at(true);
 }
 
-void ShardedUnit::reshard() {
+void ShardedUnit::reshard(bool hand_over) {
   if (!plan_.sharded) return;
   if (parameters_whole_) point_parameters_at(false);
   if (plan_.reshard_after_use && state_ != State::sharded) {
     wait_for_gather();  // a prefetch not used: let it land first
-    free_storage(full_);
+    release_storage(full_, hand_over ? &comm_.gathered : nullptr);
     state_ = State::sharded;
   }
 }

@@ -60,8 +60,9 @@ class ShardedUnit {
   void unshard();
   /// Unshards if nobody did, waits for the gather, and points the parameters at the whole values.
   void wait_for_unshard();
-  /// Points the parameters at this rank's pieces; where the plan says so, frees the whole ones.
-  void reshard();
+  /// Points the parameters at this rank's pieces; where the plan says so, frees the whole ones
+  /// (`hand_over`: their memory waits for the next gather, see GatherPool).
+  void reshard(bool hand_over = false);
   /// Queues the reduction of this backward's gradients into the kept ones (a parameter that got
   /// none counts as zero), after resharding where the plan says so.
   void post_backward();
