@@ -1,7 +1,7 @@
 #pragma once
 // GatherPool: the memory of a resharded unit's gathered parameters, handed to the next gather if
 // that unit has the same size, instead of going back to the system and being faulted in afresh.
-// It never holds memory across compute: the next gather frees what it does not take (not
+// It holds memory only until the next gather starts, which frees what it does not take (not
 // installed).
 
 #include <cstddef>
@@ -27,7 +27,7 @@ class GatherPool {
   void give(at::DataPtr data, size_t bytes);
 
  private:
-  std::mutex mutex_;  // the training thread gives, the communication thread takes
+  std::mutex mutex_;  // forward gives and takes on the training thread, backward takes in autograd's hooks
   std::vector<std::pair<size_t, at::DataPtr>> free_;
   size_t limit_ = 0;
   size_t kept_ = 0;
