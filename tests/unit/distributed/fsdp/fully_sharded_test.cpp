@@ -680,9 +680,10 @@ TEST(FullyShardedDataParallel, AParameterNoRankUsedGetsNoGradientAndEqualsDDP) {
   const auto init = clone_all(SkippedBranch()->parameters());
   const auto names = lockstep::testing::parameter_names(*SkippedBranch());
   // A first training in the process, not compared: on PyPI's LibTorch 2.15, under heavy load, the
-  // first Adam steps of a fresh process have been seen to differ from later ones by ~2e-4 of the
-  // update, without any Lockstep code (two threads training alone, 2026-12-06), which Adam's eps
-  // amplifies to ~2e-5 here. Later trainings in the process agreed bit for bit in ~2,000 runs.
+  // first Adam step of a fresh process has been seen to take a less exact sqrt of exp_avg_sq
+  // (~2e-4 relative, from identical input; two threads training alone, no Lockstep code,
+  // 2026-12-06), which Adam's eps amplifies to ~2e-5 here. Later trainings in the process agreed
+  // bit for bit in ~2,000 runs.
   int warm_up = -1;
   train_skipped_branch(init, 2, std::nullopt, 0, &warm_up);
   for (auto [strategy, world, hybrid] : {std::tuple{ShardingStrategy::full_shard, 2, 0},
