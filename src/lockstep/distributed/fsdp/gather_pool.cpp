@@ -5,14 +5,8 @@ namespace distributed {
 namespace detail {
 
 void GatherPool::set_limit(size_t bytes) {
-  std::vector<std::pair<size_t, at::DataPtr>> dropped;  // freed outside the lock
   std::lock_guard<std::mutex> lock(mutex_);
   limit_ = bytes;
-  while (kept_ > limit_) {
-    kept_ -= free_.back().first;
-    dropped.push_back(std::move(free_.back()));
-    free_.pop_back();
-  }
 }
 
 at::DataPtr GatherPool::take(size_t bytes) {

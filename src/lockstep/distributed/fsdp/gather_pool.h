@@ -17,7 +17,7 @@ namespace detail {
 
 class GatherPool {
  public:
-  /// Keeps at most `bytes` of free buffers; 0 keeps none.
+  /// Keeps at most `bytes` of free buffers from now on; 0 keeps none.
   void set_limit(size_t bytes);
   /// A kept buffer of exactly `bytes`, or an empty DataPtr; frees every other kept buffer.
   at::DataPtr take(size_t bytes);
