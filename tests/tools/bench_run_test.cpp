@@ -138,6 +138,18 @@ TEST(BenchRun, QuickRunWritesEverySection) {
   EXPECT_LE(hidden.get<double>(), 1.0);
   EXPECT_EQ(s["sides"].contains("FSDP2"), !s.contains("python_skipped")) << s.dump();
   if (s["sides"].contains("FSDP2")) expect_same_libtorch_where_built(s, {"bench_fsdp", "lockstep"});
+  // Where Lockstep ran on build-libtorch2, the memory of DDP and FULL_SHARD again on --build-dir's
+  // LibTorch, where the targets were set: sharding saves memory there too.
+  const bool elsewhere = !std::filesystem::equivalent(s["lockstep_build"].get<std::string>(), build_dir);
+  EXPECT_EQ(s.contains("memory_on_build_dir"), elsewhere) << s.dump();
+  if (elsewhere) {
+    const auto& again = s["memory_on_build_dir"];
+    EXPECT_TRUE(std::filesystem::equivalent(again["build"].get<std::string>(), build_dir)) << again.dump();
+    const double ddp = again["sides"]["DDP"]["peak_rss_mb"].get<double>();
+    const double full = again["sides"]["FULL_SHARD"]["peak_rss_mb"].get<double>();
+    EXPECT_GT(full, again["sides"]["FULL_SHARD"]["floor_rss_mb"].get<double>()) << again.dump();
+    EXPECT_LT(full, ddp) << again.dump();
+  }
 
   // Section 11, quick: the 24.2M MLP's checkpoint on 2 ranks in DCP's format, saved and loaded
   // back exactly (and by dcp.save of FSDP2 where .venv-libtorch2 is installed).
