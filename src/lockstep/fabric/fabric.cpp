@@ -14,6 +14,7 @@
 #include <lockstep/checkpoint/state_dict.h>
 #include <lockstep/core/blas.h>
 #include <lockstep/core/error.h>
+#include <lockstep/core/heap.h>
 #include <lockstep/core/seed.h>
 #include <lockstep/environments/cluster_environment.h>
 #include <lockstep/plan/trainer_variables.h>
@@ -74,6 +75,7 @@ void Fabric::launch() {
                  "every rank, and strategy ", plan.strategy->name(), " saves each rank's pieces (FSDPStrategy with "
                  "StateDictType::sharded or dcp, which are for the Trainer's checkpoints). Give it StateDictType::full.");
   plan_ = lockstep::launch(std::move(plan));
+  core::tune_heap_for_training();  // every process of the job; a sharded strategy narrows it in setup
   if (plan_->precision.scales_loss()) scaler_ = std::make_unique<GradScaler>();
 }
 

@@ -29,6 +29,7 @@
 #include <lockstep/core/program_config.h>
 #include <lockstep/core/seed.h>
 #include <lockstep/core/error.h>
+#include <lockstep/core/heap.h>
 #include <lockstep/data/sampler.h>
 #include <lockstep/environments/cluster_environment.h>
 #include <lockstep/launchers/launcher.h>
@@ -238,6 +239,7 @@ void Trainer::setup(const std::shared_ptr<TrainingModule>& module) {
     const int cuda = accelerators::cuda_device_count();
     plan_ = launch(resolve_plan(options_, environments::Environ::from_process(), user_strategy_, cuda,
                                 accelerators::probe_cuda_device, user_environment_));
+    core::tune_heap_for_training();  // every process of the job; a sharded strategy narrows it in setup
     at::globalContext().setBenchmarkCuDNN(options_.benchmark());
     note_benchmark();
     if (options_.fast_dev_run() > 0) suppress_for_fast_dev_run();

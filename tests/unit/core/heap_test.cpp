@@ -1,4 +1,4 @@
-// The heap tuning sharded training asks for (core/heap.h), with glibc.
+// The heap tuning training and sharded training ask for (core/heap.h), with glibc.
 #include <lockstep/core/heap.h>
 
 #include <cstdlib>
@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include "../../support/heap_probe.h"
 
 namespace lockstep {
 namespace core {
@@ -35,6 +37,23 @@ TEST(Heap, TheHeapKeepsAFreedBlockBelowEightMiB) {
   void* block = std::malloc(2 << 20);  // from the top of the heap
   ASSERT_NE(block, nullptr);
   std::memset(block, 1, 2 << 20);
+  const size_t held = mallinfo2().arena;
+  std::free(block);
+  EXPECT_EQ(mallinfo2().arena, held) << "the heap's free top went back to the system";
+}
+
+// The Trainer's and Fabric's tuning: blocks up to 32 MiB (a model's temporaries and gradients)
+// come from the heap from the first step, and a freed top of the heap up to 64 MiB stays there,
+// instead of going back to the system and being faulted in again the next step.
+TEST(Heap, TrainingServesBlocksBelow32MiBFromTheHeapAndKeepsThem) {
+  testing::small_mmap_threshold();
+  ASSERT_FALSE(testing::heap_serves(24 << 20));
+  tune_heap_for_training();
+  EXPECT_TRUE(testing::heap_serves(24 << 20));
+  EXPECT_FALSE(testing::heap_serves(40 << 20));
+  void* block = std::malloc(24 << 20);
+  ASSERT_NE(block, nullptr);
+  std::memset(block, 1, 24 << 20);
   const size_t held = mallinfo2().arena;
   std::free(block);
   EXPECT_EQ(mallinfo2().arena, held) << "the heap's free top went back to the system";

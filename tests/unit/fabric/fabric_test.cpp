@@ -19,6 +19,7 @@
 #include <lockstep/strategies/fsdp_strategy.h>
 
 #include "../../support/command.h"
+#include "../../support/heap_probe.h"
 #include "../../support/paths.h"
 #include "../../support/regression.h"
 #include "../../support/scheduler_environment.h"
@@ -96,6 +97,17 @@ TEST(Fabric, LaunchResolvesTheTrainersOptionsOnce) {
   EXPECT_THROW(fabric.launch(), UsageError);
   EXPECT_THROW(fabric.set_strategy(std::make_shared<strategies::SingleDeviceStrategy>()), UsageError);
 }
+
+#ifdef __GLIBC__
+// launch() tunes the heap for training (core/heap.h): a 24 MiB block comes from the heap afterwards.
+TEST(Fabric, LaunchTunesTheHeapForTraining) {
+  testing::small_mmap_threshold();
+  ASSERT_FALSE(testing::heap_serves(24 << 20));
+  Fabric fabric(one_process());
+  fabric.launch();
+  EXPECT_TRUE(testing::heap_serves(24 << 20));
+}
+#endif
 
 // Lightning's Fabric(plugins=[MyClusterEnvironment()]): the job runs in the user's environment,
 // here a scheduler's job of one process whose rank 0 listens on a port of its choosing.

@@ -10,6 +10,7 @@
 #include <lockstep/checkpoint/checkpoint_io.h>
 #include <lockstep/core/error.h>
 
+#include "../../support/heap_probe.h"
 #include "../../support/regression.h"
 #include "../../support/scheduler_environment.h"
 
@@ -65,6 +66,17 @@ TEST_F(TrainerTest, FitEqualsTheHandWrittenLoopBitForBit) {
     EXPECT_EQ(trainer.current_epoch(), 3);
   }
 }
+
+#ifdef __GLIBC__
+// fit tunes the heap for training (core/heap.h): a 24 MiB block comes from the heap afterwards.
+TEST_F(TrainerTest, FitTunesTheHeapForTraining) {
+  testing::small_mmap_threshold();
+  ASSERT_FALSE(testing::heap_serves(24 << 20));
+  Trainer trainer(options().max_epochs(1));
+  trainer.fit(std::make_shared<Regressor>(false), std::make_shared<DataLoader>(regression_data(32), DataLoaderOptions(16)));
+  EXPECT_TRUE(testing::heap_serves(24 << 20));
+}
+#endif
 
 TEST_F(TrainerTest, LogsStepAndEpochMetricsToCsv) {
   auto data = regression_data(64);
