@@ -26,8 +26,10 @@ struct DDPOptions {
   /// ddp_find_unused_parameters_true gives that).
   TORCH_ARG(bool, find_unused_parameters) = false;
   /// Make each parameter's .grad() a view into its bucket, saving a copy and the memory of one
-  /// set of gradients. Default: false.
-  TORCH_ARG(bool, gradient_as_bucket_view) = false;
+  /// set of gradients; the gradients' values are the same either way. Default: true (PyTorch's
+  /// is false): the next backward overwrites a .grad() kept from an earlier step, so keep a
+  /// clone(), or set false.
+  TORCH_ARG(bool, gradient_as_bucket_view) = true;
   /// Broadcast rank 0's buffers (BatchNorm statistics, ...) before each training forward (grad
   /// mode on, module training). Default: unset, which DistributedDataParallel takes as true (as
   /// PyTorch) and SeparateDDP as false (as MMEditing's wrapper: each rank keeps its own), so
