@@ -11,6 +11,7 @@
 
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
+#include <c10/core/Allocator.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 #include <torch/csrc/autograd/variable.h>
@@ -107,6 +108,28 @@ inline void set_autocast(c10::DeviceType d, bool enabled, c10::ScalarType dtype)
   }
 }
 #endif
+
+/// An allocator that hands out another's memory (`wrapped`) and does something more: it
+/// implements allocate_over(). c10::Allocator::allocate is const up to LibTorch 2.2 and not from
+/// 2.3, which also added the pure virtual copy_data.
+class AllocatorOver : public c10::Allocator {
+ public:
+  explicit AllocatorOver(c10::Allocator* wrapped) : wrapped_(wrapped) {}
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  c10::DataPtr allocate(size_t bytes) override { return allocate_over(bytes); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { wrapped_->copy_data(dest, src, count); }
+#else
+  c10::DataPtr allocate(size_t bytes) const override { return allocate_over(bytes); }
+#endif
+  c10::DeleterFnPtr raw_deleter() const override { return wrapped_->raw_deleter(); }
+
+ protected:
+  virtual c10::DataPtr allocate_over(size_t bytes) const = 0;
+  c10::Allocator* wrapped() const { return wrapped_; }
+
+ private:
+  c10::Allocator* wrapped_;
+};
 
 }  // namespace libtorch
 }  // namespace lockstep

@@ -3,6 +3,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #ifdef __GLIBC__
 #include <malloc.h>
@@ -57,6 +59,24 @@ TEST(Heap, TrainingServesBlocksBelow32MiBFromTheHeapAndKeepsThem) {
   const size_t held = mallinfo2().arena;
   std::free(block);
   EXPECT_EQ(mallinfo2().arena, held) << "the heap's free top went back to the system";
+}
+
+// Sharded training's tuning also asks for huge pages for LibTorch's blocks of 8 MiB or more: the
+// middle of a fresh 16 MiB tensor lies in a mapping the kernel may back with 2 MiB pages, while
+// a block malloc maps for anyone else does not (where THP is "madvise").
+TEST(Heap, ShardedTrainingAsksForHugePagesForLibTorchsBlocksFromEightMiB) {
+  tune_heap_for_sharded_training();
+  const int expected = testing::huge_pages_never() ? 0 : 1;
+  auto tensor = at::empty({4 << 20}, at::kFloat);
+  EXPECT_EQ(testing::huge_pages_eligible(reinterpret_cast<uintptr_t>(tensor.data_ptr()) + (8 << 20)), expected);
+  std::ifstream setting("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string thp;
+  std::getline(setting, thp);
+  if (thp.find("[madvise]") == std::string::npos) return;
+  void* plain = std::malloc(16 << 20);
+  ASSERT_NE(plain, nullptr);
+  EXPECT_EQ(testing::huge_pages_eligible(reinterpret_cast<uintptr_t>(plain) + (8 << 20)), 0);
+  std::free(plain);
 }
 #endif
 

@@ -19,6 +19,7 @@
 #include <lockstep/core/error.h>
 #include <lockstep/distributed/ddp/ddp.h>
 
+#include "../../../support/heap_probe.h"
 #include "../../../support/parity.h"
 #include "../../../support/thread_ranks.h"
 
@@ -259,21 +260,6 @@ struct WhereImpl : torch::nn::Module {
 };
 TORCH_MODULE(Where);
 
-// "THPeligible" of the mapping of /proc/self/smaps that holds `address`, or -1 if none does.
-int huge_pages_eligible(uintptr_t address) {
-  std::ifstream smaps("/proc/self/smaps");
-  bool inside = false;
-  for (std::string line; std::getline(smaps, line);) {
-    uintptr_t begin = 0, end = 0;
-    if (std::sscanf(line.c_str(), "%lx-%lx ", &begin, &end) == 2 && line.find(':') > line.find(' ')) {
-      inside = address >= begin && address < end;
-    } else if (inside && line.rfind("THPeligible:", 0) == 0) {
-      return std::stoi(line.substr(12));
-    }
-  }
-  return -1;
-}
-
 // FULL_SHARD gathers units twice a step into fresh memory, and asks for it in huge pages: a 16 MiB
 // unit lies in a mapping the kernel may back with 2 MiB pages (where THP is not "never").
 TEST(FullyShardedDataParallel, GatheredUnitsMayUseHugePages) {
@@ -290,7 +276,7 @@ TEST(FullyShardedDataParallel, GatheredUnitsMayUseHugePages) {
     fsdp.forward(torch::randn({2, 2048})).sum().backward();
     fsdp.forward(torch::randn({2, 2048}));
     // Its middle: the 2 MiB pages lie inside the buffer, away from the ends.
-    EXPECT_EQ(huge_pages_eligible(unit->gathered_at + (8 << 20)), never ? 0 : 1) << thp;
+    EXPECT_EQ(testing::huge_pages_eligible(unit->gathered_at + (8 << 20)), never ? 0 : 1) << thp;
   });
 }
 
