@@ -31,11 +31,17 @@ inline int huge_pages_eligible(uintptr_t address) {
   return -1;
 }
 
-// Whether this kernel's transparent huge pages are "never".
-inline bool huge_pages_never() {
+// This kernel's transparent huge pages setting, as /sys shows it ("always [madvise] never").
+inline std::string huge_pages_setting() {
   std::ifstream setting("/sys/kernel/mm/transparent_hugepage/enabled");
   std::string thp;
   std::getline(setting, thp);
+  return thp;
+}
+
+// Whether this kernel's transparent huge pages are "never".
+inline bool huge_pages_never() {
+  const std::string thp = huge_pages_setting();
   return thp.empty() || thp.find("[never]") != std::string::npos;
 }
 

@@ -3,7 +3,6 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
 
 #ifdef __GLIBC__
@@ -69,10 +68,7 @@ TEST(Heap, ShardedTrainingAsksForHugePagesForLibTorchsBlocksFromEightMiB) {
   const int expected = testing::huge_pages_never() ? 0 : 1;
   auto tensor = at::empty({4 << 20}, at::kFloat);
   EXPECT_EQ(testing::huge_pages_eligible(reinterpret_cast<uintptr_t>(tensor.data_ptr()) + (8 << 20)), expected);
-  std::ifstream setting("/sys/kernel/mm/transparent_hugepage/enabled");
-  std::string thp;
-  std::getline(setting, thp);
-  if (thp.find("[madvise]") == std::string::npos) return;
+  if (testing::huge_pages_setting().find("[madvise]") == std::string::npos) return;
   void* plain = std::malloc(16 << 20);
   ASSERT_NE(plain, nullptr);
   EXPECT_EQ(testing::huge_pages_eligible(reinterpret_cast<uintptr_t>(plain) + (8 << 20)), 0);
