@@ -88,7 +88,11 @@ int run(int argc, char** argv) {
   std::unique_ptr<distributed::DistributedDataParallel<NetImpl>> ddp;
   std::unique_ptr<distributed::FullyShardedDataParallel<NetImpl>> fsdp;
   if (sharding == "DDP") {
-    ddp = std::make_unique<distributed::DistributedDataParallel<NetImpl>>(net, *group);
+    // Copied gradients, as when memory_cap_test's cap was set (2026-12-02): with bucket views
+    // (the default since 2026-12-06) one rank was once seen still short of its failing allocation
+    // when the others' 20 s allreduce timeout ended the job, on 2 busy cores.
+    ddp = std::make_unique<distributed::DistributedDataParallel<NetImpl>>(
+        net, *group, distributed::DDPOptions().gradient_as_bucket_view(false));
   } else {
     const auto options = distributed::ShardingOptions()
                              .sharding_strategy(distributed::parse_sharding_strategy(sharding))
