@@ -310,6 +310,8 @@ int run(int argc, char** argv) {
         };
         autograd_end = at(trace.backward_end);
         last_bucket = at(trace.buckets.empty() ? trace.backward_end : trace.buckets.back().launched);
+        // A last bucket reduced on the backward thread (shared memory's) ends autograd's part at its hand-over.
+        if (!trace.buckets.empty() && trace.buckets.back().reduced_in_hook) autograd_end = last_bucket;
       }
       times.push_back({{ms(forward_end - start), ms(autograd_end - forward_end), ms(backward_end - autograd_end),
                         ms(Clock::now() - backward_end)},

@@ -130,7 +130,11 @@ int run_worker(const Args& args) {
     const auto& trace = ddp.last_trace();
     // The reducer measures from the first gradient; shift everything to the call to backward().
     const double zero = ms(std::chrono::duration_cast<std::chrono::nanoseconds>(trace.backward_start - call));
-    const double end = zero + ms(trace.backward_end);
+    // A bucket reduced in its comm hook (shared memory's last) held up autograd: its end is there.
+    double end = zero + ms(trace.backward_end);
+    for (const auto& b : trace.buckets) {
+      if (b.reduced_in_hook) end = std::min(end, zero + ms(b.launched));
+    }
     std::vector<std::pair<double, double>> spans;
     nlohmann::json buckets = nlohmann::json::array();
     if (print && !args.json) {

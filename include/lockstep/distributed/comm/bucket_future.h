@@ -34,6 +34,8 @@ class BucketFuture {
   /// Calls `fn` once the communication has completed, possibly at once and possibly on a
   /// communication thread (DDP uses it to trace when each bucket finished).
   void on_completion(std::function<void()> fn);
+  /// True once the communication has completed (at once for a result already computed).
+  bool completed() const;
 
  private:
   at::Tensor reduced_;

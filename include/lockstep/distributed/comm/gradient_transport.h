@@ -30,6 +30,11 @@ class GradientTransport {
   /// Starts averaging `buffer` (bucket `bucket`'s memory, or a stand-in of its size) across the
   /// ranks: the sum divided by `divisor`. Calls come in bucket order on every rank.
   virtual BucketFuture allreduce_mean(size_t bucket, const at::Tensor& buffer, double divisor) = 0;
+  /// As allreduce_mean, for the bucket launched last in a backward pass, which nothing is left to
+  /// overlap with: a transport may reduce it on the calling thread (shared memory does).
+  virtual BucketFuture allreduce_mean_last(size_t bucket, const at::Tensor& buffer, double divisor) {
+    return allreduce_mean(bucket, buffer, divisor);
+  }
   /// As allreduce_mean, with each rank's values rounded to `compressed` (at::kHalf or
   /// at::kBFloat16; any other is a UsageError) before they are summed: the compression hooks'
   /// reduction. The result, in the buffer's dtype, ends in `buffer`. By default each rank rounds

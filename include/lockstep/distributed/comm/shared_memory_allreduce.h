@@ -55,6 +55,10 @@ class SharedMemoryAllreduce {
   /// order on one communication thread; the future completes with `tensor`, or with an error
   /// naming this rank, the ranks that did not arrive and the timeout.
   c10::intrusive_ptr<c10::ivalue::Future> allreduce(int64_t offset, at::Tensor tensor, double divisor);
+  /// As allreduce, on the calling thread once the calls queued before it are done; the future
+  /// it returns has completed. For a reduction nothing is left to overlap with (DDP's last
+  /// bucket): it saves the hand-over to the communication thread and back.
+  c10::intrusive_ptr<c10::ivalue::Future> allreduce_here(int64_t offset, at::Tensor tensor, double divisor);
 
   int64_t bytes_per_rank() const;
   /// How buckets travel: "shared memory" on one host; with several, "shared memory within each
@@ -76,7 +80,9 @@ class SharedMemoryAllreduce {
 
   SharedMemoryAllreduce(std::shared_ptr<Segment> segment, std::vector<int> members, int local_rank,
                         std::shared_ptr<ProcessGroup> across, std::string who, std::chrono::milliseconds timeout);
+  Job make_job(int64_t offset, at::Tensor tensor, double divisor);
   void run();
+  void finish(const Job& job);
   void reduce(const Job& job);
   void barrier(const char* phase);
   void check_same_job();
@@ -91,13 +97,18 @@ class SharedMemoryAllreduce {
   std::shared_ptr<ProcessGroup> across_;  // rank local_rank_ of every host; null on one host
   std::string who_;  // "rank 1/2", for messages
   std::chrono::milliseconds timeout_;
+  // One thread at a time reduces (busy_): thread_ (run()) or allreduce_here's caller. They alone
+  // touch epoch_, broken_ and the segment's slots and barrier.
   uint64_t epoch_ = 0;
+  std::string broken_;  // after a failure the ranks are out of step: every later call fails too
 
-  // Guards jobs_: allreduce() queues from the backward pass's thread; thread_ (run()) takes them
-  // in order and is the only thread that touches the segment's slots and barrier.
+  // Guards jobs_ and busy_: allreduce() queues from the backward pass's thread; thread_ takes
+  // them in order.
   std::mutex mutex_;
-  std::condition_variable wake_;
+  std::condition_variable wake_;  // a job queued, or stopping
+  std::condition_variable idle_;  // busy_ cleared
   std::deque<Job> jobs_;
+  bool busy_ = false;
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };

@@ -18,6 +18,8 @@ class SharedMemoryTransport : public GradientTransport {
   /// Buckets back to back in this rank's slot, each starting on a cache line.
   at::Tensor allocate(size_t bucket, int64_t numel, const at::TensorOptions& options) override;
   BucketFuture allreduce_mean(size_t bucket, const at::Tensor& buffer, double divisor) override;
+  /// On the calling thread: SharedMemoryAllreduce::allreduce_here.
+  BucketFuture allreduce_mean_last(size_t bucket, const at::Tensor& buffer, double divisor) override;
   bool reduces_through_bucket_memory() const override { return true; }
   void leave() override { memory_->leave(); }
 

@@ -49,6 +49,9 @@ struct BucketTrace {
   std::chrono::nanoseconds launched{0};
   /// Its communication completed (on the communication thread).
   std::chrono::nanoseconds reduced{0};
+  /// It had completed when the comm hook returned: reduced on the backward thread (shared
+  /// memory's last bucket), so nothing overlapped it and autograd's own work ended at `launched`.
+  bool reduced_in_hook = false;
 };
 
 /// The timeline of one synchronised backward pass, for overlap measurements: a bucket that was

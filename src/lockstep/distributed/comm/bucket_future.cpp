@@ -85,5 +85,11 @@ void BucketFuture::on_completion(std::function<void()> fn) {
   fn();
 }
 
+bool BucketFuture::completed() const {
+  if (future_) return future_->completed();
+  if (work_) return work_->isCompleted();
+  return true;
+}
+
 }  // namespace distributed
 }  // namespace lockstep

@@ -18,9 +18,10 @@ namespace detail {
 /// that the others sleep on. A rank that waits checks on its peers and fails, naming them, when
 /// one failed, exited or left the reduction, when it is itself stopping, or after `timeout`.
 ///
-/// Only the owning rank's communication thread calls wait(). It guards nothing of its own: the
-/// header's atomics are shared with the other ranks' processes, and each rank writes only its
-/// own slot's entries and the arrival count and futex word.
+/// One thread of the owning rank at a time calls wait() (its communication thread, or DDP's
+/// backward thread for the last bucket). It guards nothing of its own: the header's atomics are
+/// shared with the other ranks' processes, and each rank writes only its own slot's entries and
+/// the arrival count and futex word.
 class FutexBarrier {
  public:
   /// `members`: the group ranks on this host in slot order, for messages; this rank has slot

@@ -124,42 +124,77 @@ at::Tensor SharedMemoryAllreduce::region(int64_t offset, int64_t numel, const at
   return torch::from_blob(segment_->memory->slot(local_rank_) + offset, {numel}, [keep](void*) {}, options);
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> SharedMemoryAllreduce::allreduce(int64_t offset, at::Tensor tensor,
-                                                                         double divisor) {
+SharedMemoryAllreduce::Job SharedMemoryAllreduce::make_job(int64_t offset, at::Tensor tensor, double divisor) {
   const auto dtype = tensor.scalar_type();
   if ((dtype != at::kFloat && dtype != at::kDouble) || !tensor.is_contiguous() || !tensor.device().is_cpu()) {
     throw UsageError("SharedMemoryAllreduce: only contiguous float32 and float64 CPU tensors; got " +
                                 tensor.toString() + ".");
   }
   region(offset, tensor.numel(), tensor.options());  // checks the bounds
-  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
+  return Job{offset, std::move(tensor), divisor, c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get())};
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> SharedMemoryAllreduce::allreduce(int64_t offset, at::Tensor tensor,
+                                                                         double divisor) {
+  Job job = make_job(offset, std::move(tensor), divisor);
+  auto future = job.future;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    jobs_.push_back(Job{offset, std::move(tensor), divisor, future});
+    jobs_.push_back(std::move(job));
   }
   wake_.notify_one();
   return future;
 }
 
+c10::intrusive_ptr<c10::ivalue::Future> SharedMemoryAllreduce::allreduce_here(int64_t offset, at::Tensor tensor,
+                                                                              double divisor) {
+  Job job = make_job(offset, std::move(tensor), divisor);
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    // The queued jobs end within their own barriers' timeouts; twice that is a stuck thread.
+    if (!idle_.wait_for(lock, 2 * timeout_, [this] { return jobs_.empty() && !busy_; })) {
+      throw DistributedError(who_ + ": shared-memory allreduce of a DDP bucket: the buckets before it were not "
+                             "reduced within " + std::to_string(2 * timeout_.count()) + " ms.");
+    }
+    busy_ = true;
+  }
+  finish(job);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    busy_ = false;
+  }
+  wake_.notify_one();  // a job queued meanwhile
+  return job.future;
+}
+
 void SharedMemoryAllreduce::run() {
-  std::string broken;  // after a failure the ranks are out of step: every later call fails too
   for (;;) {
     Job job;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+      wake_.wait(lock, [this] { return (stopping_ && jobs_.empty()) || (!jobs_.empty() && !busy_); });
       if (jobs_.empty()) return;
       job = std::move(jobs_.front());
       jobs_.pop_front();
+      busy_ = true;
     }
-    try {
-      if (!broken.empty()) throw DistributedError(broken);
-      reduce(job);
-      job.future->markCompleted(c10::IValue(job.tensor));
-    } catch (const std::exception& e) {
-      if (broken.empty()) broken = message_of(e);
-      job.future->setError(std::make_exception_ptr(DistributedError(message_of(e))));
+    finish(job);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      busy_ = false;
     }
+    idle_.notify_all();
+  }
+}
+
+void SharedMemoryAllreduce::finish(const Job& job) {
+  try {
+    if (!broken_.empty()) throw DistributedError(broken_);
+    reduce(job);
+    job.future->markCompleted(c10::IValue(job.tensor));
+  } catch (const std::exception& e) {
+    if (broken_.empty()) broken_ = message_of(e);
+    job.future->setError(std::make_exception_ptr(DistributedError(message_of(e))));
   }
 }
 

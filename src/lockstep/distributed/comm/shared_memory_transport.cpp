@@ -24,6 +24,10 @@ BucketFuture SharedMemoryTransport::allreduce_mean(size_t bucket, const at::Tens
   return BucketFuture(memory_->allreduce(offsets_.at(bucket), buffer, divisor));
 }
 
+BucketFuture SharedMemoryTransport::allreduce_mean_last(size_t bucket, const at::Tensor& buffer, double divisor) {
+  return BucketFuture(memory_->allreduce_here(offsets_.at(bucket), buffer, divisor));
+}
+
 int64_t SharedMemoryTransport::slot_bytes(const std::vector<at::Tensor>& parameters) {
   int64_t bytes = 64;
   for (const auto& p : parameters) bytes += cache_line_round_up(p.numel() * static_cast<int64_t>(p.element_size()));

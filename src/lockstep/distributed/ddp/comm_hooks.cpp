@@ -17,6 +17,7 @@ BucketFuture average(ProcessGroup& group, const GradBucket& bucket, c10::optiona
   GradientTransport& transport = bucket.transport() ? *bucket.transport() : over_group;
   if (compressed) return transport.allreduce_mean_compressed(bucket.index(), bucket.buffer(), world_size, *compressed);
   if (world_size == 1) return bucket.buffer();
+  if (bucket.is_last()) return transport.allreduce_mean_last(bucket.index(), bucket.buffer(), world_size);
   return transport.allreduce_mean(bucket.index(), bucket.buffer(), world_size);
 }
 

@@ -422,6 +422,7 @@ void Reducer::launch(size_t b) {
   } catch (const std::exception& e) {
     fail(group_.describe() + ": the comm hook failed to start reducing " + bucket_name(b) + ": " + message_of(e));
   }
+  trace_.buckets[b].reduced_in_hook = bucket.future->completed();
   auto reduced_at = std::make_shared<std::atomic<int64_t>>(0);
   bucket.reduced_at = reduced_at;
   const auto start = trace_.backward_start;

@@ -78,6 +78,32 @@ TEST_P(SharedMemorySum, IsTheRankOrderSumOnEveryRank) {
   }, forever());
 }
 
+// allreduce_here (DDP's last bucket) runs on the calling thread after the calls queued before it:
+// both have completed when it returns, with the same bits as allreduce.
+TEST_P(SharedMemorySum, HereRunsAfterTheQueuedCallsWithTheSameBits) {
+  const int world = GetParam();
+  run_ranks(world, [world](ProcessGroup& g) {
+    std::string why;
+    auto shared = SharedMemoryAllreduce::connect(g, 4 << 20, "", &why);
+    ASSERT_TRUE(shared) << why;
+    const int64_t n = 100003, second = (n * 4 + 63) / 64 * 64;
+    const auto mine = values_of(g.rank(), n, at::kFloat);
+    auto expected = torch::zeros({n});
+    for (int r = 0; r < world; ++r) expected.add_(values_of(r, n, at::kFloat));
+    expected.div_(world);
+    for (int step = 0; step < 3; ++step) {
+      auto first = shared->region(0, n, mine.options()).copy_(mine);
+      auto last = shared->region(second, n, mine.options()).copy_(mine);
+      auto queued = shared->allreduce(0, first, world);
+      auto here = shared->allreduce_here(second, last, world);
+      EXPECT_TRUE(here->completed());
+      EXPECT_TRUE(queued->completed()) << "the call queued before it ends first";
+      EXPECT_TRUE(reduced(here).equal(expected)) << "rank " << g.rank() << " step " << step;
+      EXPECT_TRUE(reduced(queued).equal(expected)) << "rank " << g.rank() << " step " << step;
+    }
+  }, forever());
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, SharedMemorySum, ::testing::Values(2, 3, 4));
 
 // Several hosts (named here, all in this process): each host sums in its shared memory, then
@@ -343,6 +369,24 @@ TEST(DDPSharedMemory, TrainsToTheSameBitsAsGloo) {
     ASSERT_EQ(shm.size(), gloo.size());
     for (size_t i = 0; i < shm.size(); ++i) EXPECT_TRUE(shm[i].equal(gloo[i])) << "parameter " << i << " view " << view;
   }
+}
+
+// Nothing is left to overlap with the last bucket: its comm hook reduces it on the backward
+// thread. The earlier buckets still go to the communication thread (the trace's first bucket
+// launched before backward ended: DDP.TraceShowsEarlyBucketsLaunchedBeforeBackwardEnds).
+TEST(DDPSharedMemory, TheLastBucketIsReducedInItsCommHook) {
+  run_ranks(2, [](ProcessGroup& g) {
+    lockstep::testing::ParityMlp model;
+    DistributedDataParallel ddp(model, g, DDPOptions().bucket_cap_mb(0.0005).first_bucket_mb(0.0002));
+    ASSERT_EQ(ddp.reducer().transport().name(), "shared memory");
+    for (int step = 1; step <= 3; ++step) {
+      ddp.forward(torch::randn({4, 8})).sum().backward();
+      const auto& trace = ddp.last_trace();
+      ASSERT_GT(trace.buckets.size(), 1u);
+      EXPECT_TRUE(trace.buckets.back().reduced_in_hook) << "step " << step;
+      EXPECT_LE(trace.buckets.back().reduced.count(), trace.backward_end.count()) << "step " << step;
+    }
+  }, forever());
 }
 
 TEST(DDPSharedMemory, TheEnvironmentVariableTurnsItOff) {
