@@ -26,6 +26,7 @@ using detail::round_up;
 // Slots [begin, end) summed in rank order (the kernel every path shares), written back to every slot.
 template <typename T>
 void sum_part(const std::vector<T*>& slots, int64_t begin, int64_t end, T divisor) {
+  if (slots.size() == 2) return detail::sum_pair_into_both(slots[0] + begin, slots[1] + begin, end - begin, divisor);
   const std::vector<const T*> parts(slots.begin(), slots.end());
   alignas(64) T block[detail::kRankOrderBlock];
   for (int64_t start = begin; start < end; start += detail::kRankOrderBlock) {
