@@ -47,7 +47,7 @@ struct BucketTrace {
   std::chrono::nanoseconds ready{0};
   /// Its comm hook was called (at `ready`, or later if an earlier bucket was not ready yet).
   std::chrono::nanoseconds launched{0};
-  /// Its communication completed (on the communication thread).
+  /// Its communication completed (on the communication thread, or in the hook: reduced_in_hook).
   std::chrono::nanoseconds reduced{0};
   /// It had completed when the comm hook returned: reduced on the backward thread (shared
   /// memory's last bucket), so nothing overlapped it and autograd's own work ended at `launched`.
