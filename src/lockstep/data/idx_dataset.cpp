@@ -1,6 +1,10 @@
 #include <lockstep/data/idx_dataset.h>
 
-#include <zlib.h>
+#include <fcntl.h>
+#include <libdeflate.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <climits>
@@ -48,39 +52,41 @@ std::string resolve(const std::string& directory, const std::string& base) {
   throw UsageError("IDX data not found: " + what + ". " + install_hint(directory));
 }
 
-// gzopen reads gzip'd and plain files alike.
+// A gzip trailer's ISIZE is the data's size modulo 2^32 (RFC 1952); deflate's best ratio is 1032:1.
+constexpr uint64_t kIsizeWrap = uint64_t{1} << 32;
+constexpr uint64_t kDeflateRatio = 1032;
+constexpr size_t kGzipFraming = 18;  // a member's 10-byte header and 8-byte trailer
+
+// An IDX file's bytes, gzip'd or plain, read whole: libdeflate inflates Fashion-MNIST's training
+// images in about half of zlib's streaming time (0.10-0.14 s against 0.20-0.25, 2026-12-06).
 class IdxReader {
  public:
-  explicit IdxReader(std::string path) : path_(std::move(path)), file_(gzopen(path_.c_str(), "rb")) {
-    if (file_ == nullptr) {
-      throw UsageError("cannot open IDX file " + path_ + " (" + std::generic_category().message(errno) +
-                       "). Check that it is readable. " + reinstall_hint());
+  explicit IdxReader(std::string path) : path_(std::move(path)) {
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) cannot_read("cannot open IDX file ", errno);
+    struct stat info {};
+    const bool sized = ::fstat(fd, &info) == 0;
+    const auto size = static_cast<size_t>(info.st_size);
+    void* mapped = sized && size > 0 ? ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
+    const int error = errno;
+    ::close(fd);
+    if (sized && size == 0) bad("it is shorter than an IDX header (4 bytes)");
+    if (mapped == MAP_FAILED) cannot_read("cannot read IDX file ", error);
+    const auto* file = static_cast<const unsigned char*>(mapped);
+    try {
+      const bool gzipped = size >= 2 && file[0] == 0x1f && file[1] == 0x8b;
+      bytes_ = gzipped ? inflate(file, size) : copy(file, size);
+    } catch (...) {
+      ::munmap(mapped, size);
+      throw;
     }
-    gzbuffer(file_, 1 << 17);
-  }
-  ~IdxReader() { gzclose(file_); }
-  IdxReader(const IdxReader&) = delete;
-  IdxReader& operator=(const IdxReader&) = delete;
-
-  // Reads up to `size` bytes; fewer only at the end of the data.
-  uint64_t read(void* out, uint64_t size) {
-    auto* bytes = static_cast<unsigned char*>(out);
-    uint64_t done = 0;
-    while (done < size) {
-      const unsigned chunk = static_cast<unsigned>(std::min<uint64_t>(size - done, 1u << 30));
-      const int n = gzread(file_, bytes + done, chunk);
-      if (n < 0) fail_stream();
-      if (n == 0) break;
-      done += static_cast<uint64_t>(n);
-    }
-    if (done < size) fail_stream_if_error();
-    return done;
+    ::munmap(mapped, size);
   }
 
   // Magic number (0x0000 08 ndims, big-endian) then ndims big-endian uint32 dimensions.
   std::vector<uint64_t> header(int dims, const char* kind) {
-    unsigned char magic[4];
-    if (read(magic, 4) < 4) bad("it is shorter than an IDX header (4 bytes)");
+    const unsigned char* magic = take(4);
+    if (magic == nullptr) bad("it is shorter than an IDX header (4 bytes)");
     const bool ok = magic[0] == 0 && magic[1] == 0 && magic[2] == kUnsignedByte && magic[3] == dims;
     if (!ok) {
       char text[96];
@@ -90,21 +96,22 @@ class IdxReader {
     }
     std::vector<uint64_t> sizes;
     for (int i = 0; i < dims; ++i) {
-      unsigned char b[4];
-      if (read(b, 4) < 4) bad("it ends inside its header");
+      const unsigned char* b = take(4);
+      if (b == nullptr) bad("it ends inside its header");
       sizes.push_back((uint64_t{b[0]} << 24) | (uint64_t{b[1]} << 16) | (uint64_t{b[2]} << 8) | uint64_t{b[3]});
     }
     return sizes;
   }
 
-  void read_body(void* out, uint64_t size, const std::string& declared) {
-    const uint64_t got = read(out, size);
-    if (got < size) {
+  // The `size` bytes after the header, which must be the rest of the data (no copy).
+  torch::Tensor body(uint64_t size, const std::string& declared) {
+    const uint64_t left = remaining();
+    if (left < size) {
       bad("it is truncated: its header declares " + declared + " (" + std::to_string(size) + " bytes of data) but it holds " +
-          std::to_string(got));
+          std::to_string(left));
     }
-    unsigned char extra;
-    if (read(&extra, 1) != 0) bad("it holds more data than its header declares (" + declared + ")");
+    if (left > size) bad("it holds more data than its header declares (" + declared + ")");
+    return bytes_.narrow(0, static_cast<int64_t>(position_), static_cast<int64_t>(size));
   }
 
   [[noreturn]] void bad(const std::string& why) const {
@@ -112,20 +119,66 @@ class IdxReader {
   }
 
  private:
-  [[noreturn]] void fail_stream() const {
-    int code = Z_OK;
-    const char* message = gzerror(file_, &code);
-    if (code == Z_ERRNO) bad(std::string("reading it failed (") + std::strerror(errno) + ")");
-    bad(std::string("its gzip data is damaged (") + (message ? message : "unknown zlib error") + ")");
+  uint64_t remaining() const { return static_cast<uint64_t>(bytes_.numel()) - position_; }
+
+  const unsigned char* take(uint64_t n) {
+    if (remaining() < n) return nullptr;
+    const unsigned char* at = bytes_.data_ptr<unsigned char>() + position_;
+    position_ += n;
+    return at;
   }
-  void fail_stream_if_error() const {
-    int code = Z_OK;
-    gzerror(file_, &code);
-    if (code != Z_OK) fail_stream();
+
+  // Every gzip member in turn (`cat a.gz b.gz` holds two), into room its trailer's ISIZE names.
+  torch::Tensor inflate(const unsigned char* file, size_t size) const {
+    std::unique_ptr<libdeflate_decompressor, void (*)(libdeflate_decompressor*)> inflater(
+        libdeflate_alloc_decompressor(), libdeflate_free_decompressor);
+    if (!inflater) throw std::bad_alloc();
+    // Deflate packs at most 1032 bytes into one, and a valid IDX file is at most kMaxBytes.
+    const uint64_t most = std::min<uint64_t>(kDeflateRatio * size, kMaxBytes) + 64;
+    if (size < kGzipFraming) bad("its gzip data is damaged (" + std::to_string(size) + " bytes: shorter than a member)");
+    const uint64_t isize = uint64_t{file[size - 4]} | uint64_t{file[size - 3]} << 8 | uint64_t{file[size - 2]} << 16 |
+                           uint64_t{file[size - 1]} << 24;
+    auto out = torch::empty({static_cast<int64_t>(std::min(std::max<uint64_t>(isize, 1), most))}, torch::kUInt8);
+    uint64_t used = 0;
+    for (size_t in = 0; in < size;) {
+      size_t read = 0, written = 0;
+      const auto result = libdeflate_gzip_decompress_ex(inflater.get(), file + in, size - in,
+                                                        out.data_ptr<uint8_t>() + used,
+                                                        static_cast<size_t>(out.numel()) - used, &read, &written);
+      if (result == LIBDEFLATE_INSUFFICIENT_SPACE) {
+        if (static_cast<uint64_t>(out.numel()) >= most) {
+          bad("it inflates to more than " + std::to_string(most) + " bytes");
+        }
+        // A member of more than 4 GB: ISIZE is its size modulo 2^32.
+        auto bigger = torch::empty({static_cast<int64_t>(std::min(out.numel() + kIsizeWrap, most))}, torch::kUInt8);
+        bigger.narrow(0, 0, static_cast<int64_t>(used)).copy_(out.narrow(0, 0, static_cast<int64_t>(used)));
+        out = bigger;
+        continue;
+      }
+      if (result != LIBDEFLATE_SUCCESS) {
+        bad("its gzip data is damaged (" + (in == 0 ? std::string() : "after byte " + std::to_string(in) + ": ") +
+            "a bad header, deflate stream or CRC32/ISIZE trailer)");
+      }
+      used += written;
+      in += read;
+    }
+    return out.narrow(0, 0, static_cast<int64_t>(used));
+  }
+
+  static torch::Tensor copy(const unsigned char* file, size_t size) {
+    auto out = torch::empty({static_cast<int64_t>(size)}, torch::kUInt8);
+    std::memcpy(out.data_ptr<uint8_t>(), file, size);
+    return out;
+  }
+
+  [[noreturn]] void cannot_read(const char* what, int error) const {
+    throw UsageError(what + path_ + " (" + std::generic_category().message(error) + "). Check that it is readable. " +
+                     reinstall_hint());
   }
 
   std::string path_;
-  gzFile file_;
+  torch::Tensor bytes_;
+  uint64_t position_ = 0;
 };
 
 torch::Tensor read_images(const std::string& path) {
@@ -137,20 +190,16 @@ torch::Tensor read_images(const std::string& path) {
     reader.bad("its header declares an implausible " + std::to_string(dims[0]) + " images of " + std::to_string(dims[1]) +
                "x" + std::to_string(dims[2]));
   }
-  const uint64_t bytes = dims[0] * image_bytes;
-  auto images = torch::empty({static_cast<int64_t>(dims[0]), static_cast<int64_t>(dims[1]), static_cast<int64_t>(dims[2])},
-                             torch::kUInt8);
-  reader.read_body(images.data_ptr<uint8_t>(), bytes,
-                   std::to_string(dims[0]) + " images of " + std::to_string(dims[1]) + "x" + std::to_string(dims[2]));
-  return images;
+  const std::string declared =
+      std::to_string(dims[0]) + " images of " + std::to_string(dims[1]) + "x" + std::to_string(dims[2]);
+  const auto body = reader.body(dims[0] * image_bytes, declared);
+  return body.view({static_cast<int64_t>(dims[0]), static_cast<int64_t>(dims[1]), static_cast<int64_t>(dims[2])});
 }
 
 torch::Tensor read_labels(const std::string& path) {
   IdxReader reader(path);
   const uint64_t count = reader.header(kLabelDims, "label")[0];
-  auto bytes = torch::empty({static_cast<int64_t>(count)}, torch::kUInt8);
-  reader.read_body(bytes.data_ptr<uint8_t>(), count, std::to_string(count) + " labels");
-  return bytes.to(torch::kInt64);
+  return reader.body(count, std::to_string(count) + " labels").to(torch::kInt64);
 }
 
 }  // namespace

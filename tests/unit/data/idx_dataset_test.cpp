@@ -246,6 +246,27 @@ TEST(IdxDatasetErrorTest, DamagedGzip) {
                {dir / "train-images-idx3-ubyte.gz", "gzip data is damaged"});
 }
 
+// `cat a.gz b.gz`: gzip's members in turn, as gunzip reads them. The last member's ISIZE (6
+// bytes) is too small for the first one, so the reader grows its room.
+TEST(IdxDatasetGzipTest, ConcatenatedMembersReadAsOne) {
+  TempDir dir{"lockstep_idx"};
+  write_split(dir, "train", true);
+  const Bytes images = idx_images(kImages, 2, 3);
+  const size_t last = images.size() - 6;
+  write(dir / "train-images-idx3-ubyte.gz", gzip(images.substr(0, last)) + gzip(images.substr(last)));
+  IdxDataset dataset(IdxDatasetOptions(dir.path()));
+  ASSERT_EQ(dataset.size().value(), 3u);
+  for (int64_t i = 0; i < 3; ++i) {
+    for (int64_t p = 0; p < 6; ++p) EXPECT_EQ(dataset.images()[i].flatten()[p].item<int64_t>(), kImages[i][p]);
+  }
+  write(dir / "train-images-idx3-ubyte.gz", gzip(images.substr(0, last)) + gzip(images.substr(last)).substr(0, 20));
+  expect_error([&] { IdxDataset(IdxDatasetOptions(dir.path())); },
+               {dir / "train-images-idx3-ubyte.gz", "gzip data is damaged (after byte"});
+  write(dir / "train-images-idx3-ubyte.gz", "\x1f\x8b\x08");
+  expect_error([&] { IdxDataset(IdxDatasetOptions(dir.path())); },
+               {dir / "train-images-idx3-ubyte.gz", "gzip data is damaged (3 bytes"});
+}
+
 TEST(IdxDatasetErrorTest, ImageAndLabelCountsMustMatch) {
   TempDir dir{"lockstep_idx"};
   write_split(dir, "train", true, kImages, {1, 2});
