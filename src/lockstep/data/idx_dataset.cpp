@@ -132,7 +132,7 @@ class IdxReader {
   torch::Tensor inflate(const unsigned char* file, size_t size) const {
     std::unique_ptr<libdeflate_decompressor, void (*)(libdeflate_decompressor*)> inflater(
         libdeflate_alloc_decompressor(), libdeflate_free_decompressor);
-    if (!inflater) throw std::bad_alloc();
+    if (!inflater) throw IoError("allocating an inflater for", path_, ENOMEM, "Free some memory.");
     // Deflate packs at most 1032 bytes into one, and a valid IDX file is at most kMaxBytes.
     const uint64_t most = std::min<uint64_t>(kDeflateRatio * size, kMaxBytes) + 64;
     if (size < kGzipFraming) bad("its gzip data is damaged (" + std::to_string(size) + " bytes: shorter than a member)");
