@@ -10,6 +10,7 @@
 #include <climits>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <system_error>
 
 #include <torch/torch.h>
@@ -149,7 +150,7 @@ class IdxReader {
         if (static_cast<uint64_t>(out.numel()) >= most) {
           bad("it inflates to more than " + std::to_string(most) + " bytes");
         }
-        // A member of more than 4 GB: ISIZE is its size modulo 2^32.
+        // Short of room: one of several members, or one of more than 4 GB (ISIZE modulo 2^32).
         auto bigger = torch::empty({static_cast<int64_t>(std::min(out.numel() + kIsizeWrap, most))}, torch::kUInt8);
         bigger.narrow(0, 0, static_cast<int64_t>(used)).copy_(out.narrow(0, 0, static_cast<int64_t>(used)));
         out = bigger;
