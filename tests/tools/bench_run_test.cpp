@@ -208,10 +208,40 @@ TEST(BenchRun, QuickRunWritesEverySection) {
   EXPECT_EQ(profile["one_rank_runs"]["reduction_wait_ms"]["mean"], 0.0) << profile.dump();
   EXPECT_TRUE(profile["two_ranks"].contains("waiting_for_peers_ms")) << profile.dump();
   EXPECT_FALSE(profile["one_rank_runs"].contains("waiting_for_peers_ms")) << profile.dump();
+
+  // Section 14 needs --baseline: without it, skipped by name (BaselineSectionRunsBothBuildsAlike runs it).
+  EXPECT_NE(j["baseline"]["skipped"].get<std::string>().find("no --baseline DIR given"), std::string::npos)
+      << j["baseline"].dump();
+}
+
+// Section 14: this build against an earlier commit's. Here the build under test is its own baseline
+// (DIR/build a link to it), so each pair ran the same program: the final losses and val_acc must be
+// the same to the last bit, and the LibTorch 2.x line, which DIR lacks, is skipped by name.
+TEST(BenchRun, BaselineSectionRunsBothBuildsAlike) {
+  testing::TempDir dir("bench_baseline");
+  std::filesystem::create_directory_symlink(build_dir, dir / "build");
+  const auto result = run_command({bench_run, "--quick", "--no-build", "--build-dir", build_dir, "--only", "baseline",
+                                   "--baseline", dir.path()},
+                                  plain_environment(), std::chrono::seconds(240));
+  ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
+  std::vector<std::string> rows;
+  for (const auto& line : result.out_lines()) {
+    if (line.rfind("| 14 Against a baseline |", 0) == 0) rows.push_back(line);
+  }
+  // Quick: the small and the 24.2M MLP's DDP, the main job's steps/s and wall time, the 2.x line.
+  ASSERT_EQ(rows.size(), 5u) << result.out;
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_NE(rows[i].find(i < 2 ? "the same final loss; 1 pair," : "the same final val_acc; 1 pair,"),
+              std::string::npos) << rows[i];
+  }
+  EXPECT_NE(rows[2].find("steps/s in fit()"), std::string::npos) << rows[2];
+  EXPECT_NE(rows[4].find("(LibTorch 2.x) | 2 | — | — | — |  | skipped: "), std::string::npos) << rows[4];
+  EXPECT_NE(rows[4].find(dir / "build-libtorch2/bin/bench_ddp"), std::string::npos) << rows[4];
 }
 
 TEST(BenchRun, BadInputIsOneMessageAndExitTwo) {
-  for (const auto& args : std::vector<std::vector<std::string>>{{"--pairs", "0"}, {"--frobnicate"}, {"--pairs", "x"}}) {
+  for (const auto& args : std::vector<std::vector<std::string>>{{"--pairs", "0"}, {"--frobnicate"}, {"--pairs", "x"},
+                                                                {"--only", "baseline"}, {"--baseline", "/nonexistent"}}) {
     std::vector<std::string> argv{bench_run, "--no-build", "--build-dir", build_dir};
     argv.insert(argv.end(), args.begin(), args.end());
     const auto result = run_command(argv, plain_environment(), std::chrono::seconds(30));
