@@ -228,15 +228,16 @@ TEST(BenchRun, BaselineSectionRunsBothBuildsAlike) {
   for (const auto& line : result.out_lines()) {
     if (line.rfind("| 14 Against a baseline |", 0) == 0) rows.push_back(line);
   }
-  // Quick: the small and the 24.2M MLP's DDP, the main job's steps/s and wall time, the 2.x line.
-  ASSERT_EQ(rows.size(), 5u) << result.out;
-  for (size_t i = 0; i < 4; ++i) {
-    EXPECT_NE(rows[i].find(i < 2 ? "the same final loss; 1 pair," : "the same final val_acc; 1 pair,"),
-              std::string::npos) << rows[i];
-  }
+  // Quick: the small and the 24.2M MLP's DDP, the main job's steps/s and wall time, the Trainer's
+  // epoch, the 2.x line.
+  ASSERT_EQ(rows.size(), 6u) << result.out;
+  const char* same[] = {"the same final loss; 1 pair,", "the same final loss; 1 pair,", "the same final val_acc; 1 pair,",
+                        "the same final val_acc; 1 pair,", "the same final trainer_last_loss; 1 pair,"};
+  for (size_t i = 0; i < 5; ++i) EXPECT_NE(rows[i].find(same[i]), std::string::npos) << rows[i];
   EXPECT_NE(rows[2].find("steps/s in fit()"), std::string::npos) << rows[2];
-  EXPECT_NE(rows[4].find("(LibTorch 2.x) | 2 | — | — | — |  | skipped: "), std::string::npos) << rows[4];
-  EXPECT_NE(rows[4].find(dir / "build-libtorch2/bin/bench_ddp"), std::string::npos) << rows[4];
+  EXPECT_NE(rows[4].find("s per epoch (section 2's, 1 process)"), std::string::npos) << rows[4];
+  EXPECT_NE(rows[5].find("(LibTorch 2.x) | 2 | — | — | — |  | skipped: "), std::string::npos) << rows[5];
+  EXPECT_NE(rows[5].find(dir / "build-libtorch2/bin/bench_ddp"), std::string::npos) << rows[5];
 }
 
 TEST(BenchRun, BadInputIsOneMessageAndExitTwo) {
