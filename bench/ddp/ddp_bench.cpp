@@ -13,7 +13,15 @@
 // --profile: where each rank's timed steps went (bench/run section 13): forward (with the loss and
 // zero_grad), backward until autograd ended, the wait for the reduction after it (on one machine
 // split in two, see kPartNames), the optimizer; the median and the mean of each, in ms, per rank.
+// --sync-only (bench/run section 13): the same steps without DDP, the ranks kept in lock-step by
+// a 16-float all-reduce on DDP's shared-memory transport after each backward (no gradients
+// exchanged): what a step costs when the ranks wait for each other and nothing else.
+// Every run also says what the timed steps cost in CPU time ("cpu"): ms per step on all of a
+// rank's threads and on its main thread, and the share of the machine's CPU time the job's
+// processes used, the share idle and the share stolen by the hypervisor (/proc/stat).
 #include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -33,6 +41,7 @@
 
 #include <lockstep/cli/guarded_main.h>
 #include <lockstep/distributed/collectives.h>
+#include <lockstep/distributed/comm/shared_memory_allreduce.h>
 #include <lockstep/distributed/ddp/ddp.h>
 #include <lockstep/environments/cluster_environment.h>
 #include <lockstep/environments/torchelastic_environment.h>
@@ -60,6 +69,29 @@ double liveness_cpu_seconds() {
     total += ns / 1e9;
   }
   return total;
+}
+
+// CPU seconds all of this process's threads have used, and the calling thread.
+double process_cpu_seconds() {
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  const auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+double thread_cpu_seconds() {
+  timespec t{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + t.tv_nsec / 1e9;
+}
+
+// The machine's CPU time so far in ticks, from /proc/stat's first line: {all, idle (with iowait), steal}.
+std::array<double, 3> machine_ticks() {
+  std::ifstream stat("/proc/stat");
+  std::string cpu;
+  double v[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // user nice system idle iowait irq softirq steal
+  stat >> cpu;
+  for (double& x : v) stat >> x;
+  return {std::accumulate(v, v + 8, 0.0), v[3] + v[4], v[7]};
 }
 
 // Linear widths: "small" is the Fashion-MNIST MLP; "25m" has 24.2M parameters; "cnn" is the
@@ -241,7 +273,10 @@ int run(int argc, char** argv) {
   app.add_option("--accelerator", accelerator, "cpu, or cuda: rank r on GPU r % (GPU count), gradients through Gloo")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   int liveness_blocks = 0;
-  bool profile = false;
+  bool profile = false, sync_only = false;
+  app.add_flag("--sync-only", sync_only,
+               "no DDP: after each backward only a 16-float shared-memory all-reduce, the ranks in lock-step "
+               "with no gradients exchanged (bench/run section 13)");
   app.add_flag("--profile", profile, "time each part of every timed step on every rank (bench/run section 13)");
   app.add_option("--liveness-timeout", liveness_timeout, "seconds; 0: no liveness watch (bench/run section 12)")
       ->check(CLI::Range(0.0, 1e6));
@@ -256,6 +291,10 @@ int run(int argc, char** argv) {
                      "--liveness-timeout > 0 and --steps >= 2 x the blocks; got " + got.str() + ".");
   }
   const auto watch_bound = std::chrono::milliseconds(static_cast<int64_t>(liveness_timeout * 1000));
+  if (sync_only && (nproc < 2 || accelerator != "cpu" || liveness_blocks > 0)) {
+    throw UsageError("--sync-only needs --nproc-per-node >= 2, --accelerator cpu and no --liveness-blocks; got " +
+                     std::to_string(nproc) + ", " + accelerator + ", " + std::to_string(liveness_blocks) + ".");
+  }
   if (accelerator == "cuda" && !torch::cuda::is_available()) {
     throw UsageError("--accelerator cuda, but this LibTorch sees no CUDA GPU; use --accelerator cpu.");
   }
@@ -279,8 +318,18 @@ int run(int argc, char** argv) {
                                                             group->rank() % static_cast<int>(torch::cuda::device_count())))
                           : torch::Device(torch::kCPU);
   net->to(device);
-  distributed::DistributedDataParallel<NetImpl> ddp(
-      net, *group, distributed::DDPOptions().bucket_cap_mb(bucket_cap_mb).gradient_as_bucket_view(view));
+  std::unique_ptr<distributed::DistributedDataParallel<NetImpl>> ddp;
+  std::shared_ptr<distributed::SharedMemoryAllreduce> lockstep_only;  // --sync-only
+  torch::Tensor token;
+  if (sync_only) {
+    std::string why_not;
+    lockstep_only = distributed::SharedMemoryAllreduce::connect(*group, 64, "", &why_not);
+    if (!lockstep_only) throw UsageError("--sync-only: no shared memory between the ranks: " + why_not + ".");
+    token = lockstep_only->region(0, 16, torch::kFloat32);
+  } else {
+    ddp = std::make_unique<distributed::DistributedDataParallel<NetImpl>>(
+        net, *group, distributed::DDPOptions().bucket_cap_mb(bucket_cap_mb).gradient_as_bucket_view(view));
+  }
   torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01));
   // Each rank's batches: a fixed generator per rank, the same on the Python side.
   auto generator = at::make_generator<at::CPUGeneratorImpl>(1000 + group->rank());
@@ -293,18 +342,21 @@ int run(int argc, char** argv) {
   std::vector<StepTimes> times;  // --profile: each timed step's
   auto step = [&](int i) {
     const auto start = Clock::now();
-    auto loss = torch::nn::functional::cross_entropy(ddp.forward(xs[i % 8]), ys[i % 8]);
+    auto loss = torch::nn::functional::cross_entropy(ddp ? ddp->forward(xs[i % 8]) : net->forward(xs[i % 8]),
+                                                     ys[i % 8]);
     optimizer.zero_grad();
     const auto forward_end = Clock::now();
     loss.backward();
-    const auto backward_end = Clock::now();
+    const auto autograd_done = Clock::now();
+    if (lockstep_only) lockstep_only->allreduce_here(0, token, 1.0);
+    const auto backward_end = lockstep_only ? Clock::now() : autograd_done;
     optimizer.step();
     loss_value = loss.item<double>();
     if (profile && i >= warmup) {
-      // One rank has no reducer trace: all of backward is autograd's.
-      auto autograd_end = backward_end, last_bucket = backward_end;
-      if (group->world_size() > 1) {
-        const auto& trace = ddp.reducer().last_trace();
+      // One rank has no reducer trace: all of backward is autograd's; --sync-only's hand-over is autograd's end.
+      auto autograd_end = autograd_done, last_bucket = autograd_done;
+      if (ddp && group->world_size() > 1) {
+        const auto& trace = ddp->reducer().last_trace();
         const auto at = [&](std::chrono::nanoseconds since) {
           return trace.backward_start + std::chrono::duration_cast<Clock::duration>(since);
         };
@@ -325,6 +377,8 @@ int run(int argc, char** argv) {
   for (int i = 1; i < warmup; ++i) step(i);
   distributed::barrier(*group, "timed_start");
   const double watch_start = liveness_cpu_seconds();
+  const double cpu_start = process_cpu_seconds(), main_start = thread_cpu_seconds();
+  const auto ticks_start = machine_ticks();
   const auto start = std::chrono::steady_clock::now();
   nlohmann::json blocks;
   if (liveness_blocks > 0) {
@@ -335,6 +389,20 @@ int run(int argc, char** argv) {
   }
   distributed::barrier(*group, "timed_end");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto ticks_end = machine_ticks();
+  const auto cpu = distributed::all_reduce(
+      *group, torch::tensor({process_cpu_seconds() - cpu_start, thread_cpu_seconds() - main_start}, torch::kFloat64),
+      distributed::ReduceOp::sum);
+  const double ticks = ticks_end[0] - ticks_start[0];
+  const double cpus = static_cast<double>(::sysconf(_SC_NPROCESSORS_ONLN));
+  const auto per_step = [&](int k) { return 1000 * cpu[k].item<double>() / (group->world_size() * steps); };
+  const nlohmann::json cpu_json = {
+      {"ms_per_step", per_step(0)},
+      {"main_thread_ms_per_step", per_step(1)},
+      {"cpus", cpus},
+      {"job_share", cpu[0].item<double>() / (cpus * seconds)},
+      {"machine_idle_share", ticks > 0 ? (ticks_end[1] - ticks_start[1]) / ticks : 0.0},
+      {"machine_steal_share", ticks > 0 ? (ticks_end[2] - ticks_start[2]) / ticks : 0.0}};
   auto watch_cpu = distributed::all_reduce(
       *group, torch::tensor({liveness_cpu_seconds() - watch_start}, torch::kFloat64), distributed::ReduceOp::sum);
   auto loss = distributed::all_reduce(*group, torch::tensor({loss_value}, torch::kFloat64));
@@ -343,9 +411,10 @@ int run(int argc, char** argv) {
   auto rss = torch::zeros({group->world_size()}, torch::kFloat64);
   rss[group->rank()] = static_cast<double>(usage.ru_maxrss) / 1024.0;
   rss = distributed::all_reduce(*group, rss, distributed::ReduceOp::sum);
-  const std::string transport = group->world_size() == 1             ? "none (one rank)"
-                                : ddp.why_not_shared_memory().empty() ? ddp.reducer().transport().name()
-                                                                     : "gloo: " + ddp.why_not_shared_memory();
+  const std::string transport = group->world_size() == 1              ? "none (one rank)"
+                                : lockstep_only                        ? "--sync-only: 16 floats a step, shared memory"
+                                : ddp->why_not_shared_memory().empty() ? ddp->reducer().transport().name()
+                                                                       : "gloo: " + ddp->why_not_shared_memory();
   // Every rank's own account (they agree unless something is wrong).
   std::vector<std::string> transports;
   auto transport_bytes = torch::tensor(std::vector<uint8_t>(transport.begin(), transport.end()), torch::kUInt8);
@@ -360,6 +429,7 @@ int run(int argc, char** argv) {
                                 {"model", model},
                                 {"device", device.str()},
                                 {"world_size", group->world_size()},
+                                {"sync_only", sync_only},
                                 {"steps", steps},
                                 {"batch", batch},
                                 {"steps_per_s", steps / seconds},
@@ -368,6 +438,7 @@ int run(int argc, char** argv) {
                                 {"liveness_cpu_share", watch_cpu.item<double>() / (seconds * group->world_size())},
                                 {"liveness_blocks", blocks},
                                 {"profile", profile_json},
+                                {"cpu", cpu_json},
                                 {"gradient_transport", transport},
                                 {"gradient_transport_by_rank", transports},
                                 {"peak_rss_mb", std::vector<double>(rss.data_ptr<double>(),

@@ -208,6 +208,14 @@ TEST(BenchRun, QuickRunWritesEverySection) {
   EXPECT_EQ(profile["one_rank_runs"]["reduction_wait_ms"]["mean"], 0.0) << profile.dump();
   EXPECT_TRUE(profile["two_ranks"].contains("waiting_for_peers_ms")) << profile.dump();
   EXPECT_FALSE(profile["one_rank_runs"].contains("waiting_for_peers_ms")) << profile.dump();
+  // DDP's third side: the same ranks in lock-step with no gradients, and every side's CPU per step.
+  expect_positive(limit[0]["lockstep_ratio"], "limit lockstep_ratio");
+  EXPECT_EQ(limit[0]["vs_lockstep_round_ratios"].size(), 1u) << limit[0].dump();
+  for (const char* side : {"two_ranks", "lockstep", "one_rank_runs"}) {
+    expect_positive(limit[0]["cpu_ms_per_step"][side], std::string("limit cpu_ms_per_step ") + side);
+    EXPECT_LE(limit[0]["machine_idle_share"][side].get<double>(), 1.0) << limit[0].dump();
+  }
+  EXPECT_FALSE(limit[1].contains("lockstep_ratio")) << limit[1].dump();
 
   // Section 14 needs --baseline: without it, skipped by name (BaselineSectionRunsBothBuildsAlike runs it).
   EXPECT_NE(j["baseline"]["skipped"].get<std::string>().find("no --baseline DIR given"), std::string::npos)
@@ -280,6 +288,43 @@ TEST(BenchRun, BenchDdpProfileAccountsForEachRanksSteps) {
     parts += zero[part]["mean"].get<double>();
   }
   EXPECT_LE(parts * steps / 1000.0, steps / j["steps_per_s"].get<double>()) << zero.dump();
+}
+
+// bench_ddp --sync-only: the ranks wait for each other after every backward, on DDP's shared
+// memory, but exchange no gradients, so their weights part and the final loss is not DDP's; every
+// run says its CPU time per step (the main thread's within the process's) and the machine's idle share.
+TEST(BenchRun, BenchDdpSyncOnlyKeepsTheRanksInStepWithoutGradients) {
+  const auto bench = [](const std::vector<std::string>& extra) {
+    std::vector<std::string> argv{std::string(LOCKSTEP_BIN_DIR) + "/bench_ddp", "--nproc-per-node", "2", "--steps",
+                                  "20", "--warmup", "2"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    const auto result = run_command(argv, plain_environment(), std::chrono::seconds(120));
+    EXPECT_EQ(result.exit_code, 0) << result.err;
+    return nlohmann::json::parse(result.out_lines().back());
+  };
+  const auto ddp = bench({});
+  const auto in_step = bench({"--sync-only", "--profile"});
+  EXPECT_FALSE(ddp["sync_only"].get<bool>());
+  EXPECT_TRUE(in_step["sync_only"].get<bool>());
+  EXPECT_EQ(in_step["gradient_transport"], "--sync-only: 16 floats a step, shared memory") << in_step.dump();
+  EXPECT_GT(std::abs(in_step["loss"].get<double>() - ddp["loss"].get<double>()), 1e-6) << in_step.dump();
+  for (const auto& rank : in_step["profile"]) expect_positive(rank["reduction_wait_ms"]["mean"], "the wait in step");
+  for (const auto& j : {ddp, in_step}) {
+    const auto& cpu = j["cpu"];
+    expect_positive(cpu["ms_per_step"], "cpu ms_per_step");
+    expect_positive(cpu["main_thread_ms_per_step"], "cpu main_thread_ms_per_step");
+    EXPECT_LE(cpu["main_thread_ms_per_step"].get<double>(), cpu["ms_per_step"].get<double>() + 1e-3) << cpu.dump();
+    EXPECT_LE(cpu["job_share"].get<double>(), 1.05) << cpu.dump();
+    for (const char* share : {"machine_idle_share", "machine_steal_share"}) {
+      EXPECT_GE(cpu[share].get<double>(), 0.0) << cpu.dump();
+      EXPECT_LE(cpu[share].get<double>(), 1.0) << cpu.dump();
+    }
+  }
+  const auto one_rank = run_command({std::string(LOCKSTEP_BIN_DIR) + "/bench_ddp", "--sync-only",
+                                     "--nproc-per-node", "1"},
+                                    plain_environment(), std::chrono::seconds(30));
+  EXPECT_EQ(one_rank.exit_code, 2) << one_rank.err;
+  EXPECT_NE(one_rank.err.find("--sync-only needs --nproc-per-node >= 2"), std::string::npos) << one_rank.err;
 }
 
 // bench_ddp --liveness-blocks needs a watch to alternate and two ranks to watch: else one message.
