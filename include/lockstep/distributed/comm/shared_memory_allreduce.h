@@ -76,6 +76,7 @@ class SharedMemoryAllreduce {
     at::Tensor tensor;
     double divisor;
     c10::intrusive_ptr<c10::ivalue::Future> future;
+    bool on_caller_thread = false;  // allreduce_here's: its barriers poll before they sleep
   };
 
   SharedMemoryAllreduce(std::shared_ptr<Segment> segment, std::vector<int> members, int local_rank,
@@ -84,7 +85,7 @@ class SharedMemoryAllreduce {
   void run();
   void finish(const Job& job);
   void reduce(const Job& job);
-  void barrier(const char* phase);
+  void barrier(const char* phase, bool poll);
   void check_same_job();
   [[noreturn]] void fail_all(const std::string& what);
   template <typename T>

@@ -1,6 +1,7 @@
 #include "futex_barrier.h"
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -47,7 +48,8 @@ FutexBarrier::FutexBarrier(SegmentHeader& header, std::vector<int> members, int 
       local_size_(static_cast<int>(members_.size())),
       timeout_(timeout) {}
 
-std::string FutexBarrier::wait(const char* phase, uint64_t epoch, const std::atomic<bool>& stopping) {
+std::string FutexBarrier::wait(const char* phase, uint64_t epoch, const std::atomic<bool>& stopping,
+                               std::chrono::microseconds poll) {
   SegmentHeader& h = header_;
   const std::string where = std::string(" (") + phase + ", barrier " + std::to_string(epoch) + ")";
   if (const uint32_t by = h.aborted_by.load(std::memory_order_acquire)) {
@@ -63,9 +65,13 @@ std::string FutexBarrier::wait(const char* phase, uint64_t epoch, const std::ato
     futex(&h.generation, FUTEX_WAKE, INT_MAX, nullptr);
     return "";
   }
+  for (const auto until = Clock::now() + poll; Clock::now() < until;) {
+    if (h.generation.load(std::memory_order_acquire) != generation) return "";
+    sched_yield();
+  }
   const auto deadline = Clock::now() + timeout_;
   while (h.generation.load(std::memory_order_acquire) == generation) {
-    // Sleep in slices, never spin: on a busy host spinning takes the CPU from backward.
+    // Sleep in slices: on a busy host spinning takes the CPU from backward.
     timespec slice{0, 20 * 1000 * 1000};
     const long rc = futex(&h.generation, FUTEX_WAIT, generation, &slice);
     if (rc == 0 || errno == EAGAIN || errno == EINTR) continue;

@@ -30,8 +30,12 @@ class FutexBarrier {
 
   /// Waits until every rank of the host has arrived at barrier `epoch` (1, 2, ... in the order
   /// the ranks call it, `phase` names it). "" when all arrived; else why not, for the caller to
-  /// raise as its failure.
-  std::string wait(const char* phase, uint64_t epoch, const std::atomic<bool>& stopping);
+  /// raise as its failure. `poll`: check for that long first, yielding the CPU to any other
+  /// runnable thread between checks, and only then sleep. For a thread with nothing else to do
+  /// (DDP's last bucket): a virtual CPU left idle halts, and the next step's kernels then run
+  /// slower (docs/benchmarks.md section 13).
+  std::string wait(const char* phase, uint64_t epoch, const std::atomic<bool>& stopping,
+                   std::chrono::microseconds poll = std::chrono::microseconds(0));
 
  private:
   SegmentHeader& header_;

@@ -23,6 +23,11 @@ namespace {
 
 using detail::round_up;
 
+// How long allreduce_here's barriers poll before they sleep: longer than the usual wait for the
+// other rank (0.3 ms median for the small MLP, docs/benchmarks.md section 13), short enough that
+// a rank waiting out a slow peer on a busy host soon gives its CPU back.
+constexpr std::chrono::microseconds kPollOnCallerThread{1000};
+
 // Slots [begin, end) summed in rank order (the kernel every path shares), written back to every slot.
 template <typename T>
 void sum_part(const std::vector<T*>& slots, int64_t begin, int64_t end, T divisor) {
@@ -150,6 +155,7 @@ c10::intrusive_ptr<c10::ivalue::Future> SharedMemoryAllreduce::allreduce(int64_t
 c10::intrusive_ptr<c10::ivalue::Future> SharedMemoryAllreduce::allreduce_here(int64_t offset, at::Tensor tensor,
                                                                               double divisor) {
   Job job = make_job(offset, std::move(tensor), divisor);
+  job.on_caller_thread = true;
   {
     std::unique_lock<std::mutex> lock(mutex_);
     // The queued jobs end within their own barriers' timeouts; twice that is a stuck thread.
@@ -206,7 +212,7 @@ void SharedMemoryAllreduce::reduce(const Job& job) {
   if (!in_place) std::memcpy(mine, job.tensor.data_ptr(), bytes);
   const int64_t described[3] = {job.offset, job.tensor.numel(), static_cast<int64_t>(job.tensor.scalar_type())};
   std::memcpy(segment_->memory->header().job[local_rank_], described, sizeof(described));
-  barrier("gradients written");
+  barrier("gradients written", job.on_caller_thread);
   check_same_job();
   // Rank r reduces part r; parts start on 64-byte boundaries so no two ranks share a cache line.
   const int64_t count = job.tensor.numel();
@@ -240,7 +246,7 @@ void SharedMemoryAllreduce::reduce(const Job& job) {
                                         static_cast<size_t>((end - begin) * element));
     }
   }
-  barrier("sums written");
+  barrier("sums written", job.on_caller_thread);
   // No third barrier: a rank writes its slot again only after the next call's first barrier.
   if (!in_place) std::memcpy(job.tensor.data_ptr(), mine, bytes);
 }
@@ -268,8 +274,9 @@ void SharedMemoryAllreduce::fail_all(const std::string& what) {
   throw DistributedError(who_ + ": shared-memory allreduce of a DDP bucket: " + what);
 }
 
-void SharedMemoryAllreduce::barrier(const char* phase) {
-  const std::string failure = segment_->barrier.wait(phase, ++epoch_, stopping_);
+void SharedMemoryAllreduce::barrier(const char* phase, bool poll) {
+  const std::string failure = segment_->barrier.wait(phase, ++epoch_, stopping_,
+                                                     poll ? kPollOnCallerThread : std::chrono::microseconds(0));
   if (!failure.empty()) fail_all(failure);
 }
 

@@ -1,5 +1,7 @@
 #include <lockstep/distributed/comm/shared_memory_allreduce.h>
 
+#include <time.h>
+
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -105,6 +107,30 @@ TEST_P(SharedMemorySum, HereRunsAfterTheQueuedCallsWithTheSameBits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, SharedMemorySum, ::testing::Values(2, 3, 4));
+
+// allreduce_here polls a little before it sleeps (a CPU with nothing to do should not halt), but
+// never for long: a rank that waits 300 ms for a late peer spends a small part of it on its CPU.
+TEST(SharedMemoryAllreduce, HereSleepsWhileALatePeerComes) {
+  run_ranks(2, [](ProcessGroup& g) {
+    std::string why;
+    auto shared = SharedMemoryAllreduce::connect(g, 1 << 20, "", &why);
+    ASSERT_TRUE(shared) << why;
+    auto mine = shared->region(0, 16, torch::kFloat32).fill_(static_cast<float>(g.rank()));
+    if (g.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const auto cpu_seconds = [] {
+      timespec t{};
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+      return static_cast<double>(t.tv_sec) + t.tv_nsec / 1e9;
+    };
+    const double cpu_before = cpu_seconds();
+    const auto before = std::chrono::steady_clock::now();
+    EXPECT_TRUE(reduced(shared->allreduce_here(0, mine, 2)).equal(torch::full({16}, 0.5f)));
+    if (g.rank() == 0) {
+      EXPECT_GE(std::chrono::steady_clock::now() - before, std::chrono::milliseconds(200)) << "it waited for rank 1";
+      EXPECT_LT(cpu_seconds() - cpu_before, 0.1) << "seconds on the CPU while it waited";
+    }
+  }, forever());
+}
 
 // Several hosts (named here, all in this process): each host sums in its shared memory, then
 // rank i of every host sums part i across hosts over Gloo. Every rank gets the same bits: the
