@@ -57,7 +57,9 @@ class SharedMemoryAllreduce {
   c10::intrusive_ptr<c10::ivalue::Future> allreduce(int64_t offset, at::Tensor tensor, double divisor);
   /// As allreduce, on the calling thread once the calls queued before it are done; the future
   /// it returns has completed. For a reduction nothing is left to overlap with (DDP's last
-  /// bucket): it saves the hand-over to the communication thread and back.
+  /// bucket): it saves the hand-over to the communication thread and back. Its waits for the
+  /// other ranks check for up to 1 ms, yielding the CPU, before they sleep: a CPU left idle that
+  /// briefly halts on a virtual machine and slows the next step (docs/benchmarks.md section 13).
   c10::intrusive_ptr<c10::ivalue::Future> allreduce_here(int64_t offset, at::Tensor tensor, double divisor);
 
   int64_t bytes_per_rank() const;
