@@ -111,12 +111,16 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, SharedMemorySum, ::testing::Values(2, 3, 4)
 // allreduce_here polls a little before it sleeps (a CPU with nothing to do should not halt), but
 // never for long: a rank that waits 300 ms for a late peer spends a small part of it on its CPU.
 TEST(SharedMemoryAllreduce, HereSleepsWhileALatePeerComes) {
-  run_ranks(2, [](ProcessGroup& g) {
+  std::atomic<bool> zero_calls{false};  // rank 1's 300 ms start when rank 0 is about to wait
+  run_ranks(2, [&zero_calls](ProcessGroup& g) {
     std::string why;
     auto shared = SharedMemoryAllreduce::connect(g, 1 << 20, "", &why);
     ASSERT_TRUE(shared) << why;
     auto mine = shared->region(0, 16, torch::kFloat32).fill_(static_cast<float>(g.rank()));
-    if (g.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    if (g.rank() == 1) {
+      while (!zero_calls.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
     const auto cpu_seconds = [] {
       timespec t{};
       clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
@@ -124,6 +128,7 @@ TEST(SharedMemoryAllreduce, HereSleepsWhileALatePeerComes) {
     };
     const double cpu_before = cpu_seconds();
     const auto before = std::chrono::steady_clock::now();
+    if (g.rank() == 0) zero_calls.store(true);
     EXPECT_TRUE(reduced(shared->allreduce_here(0, mine, 2)).equal(torch::full({16}, 0.5f)));
     if (g.rank() == 0) {
       EXPECT_GE(std::chrono::steady_clock::now() - before, std::chrono::milliseconds(200)) << "it waited for rank 1";
